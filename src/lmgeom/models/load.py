@@ -1,0 +1,265 @@
+"""``load_model``: bundled name | hub id | local folder | ``.gguf`` file → :class:`LanguageModel`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .._io import sha256_file, stable_hash
+from .._paths import cache_dir
+from ..errors import ModelError
+from .adapter import LanguageModel
+from .bundled import BUNDLED, DEFAULT_MODEL, gguf_path
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": "float32", "fp32": "float32", "f32": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
+}
+#: Default dtype of the forward pass (see docs/dtype.md for the evidence behind it).
+DEFAULT_DTYPE = "float32"
+
+
+def resolve_dtype(dtype: Any):
+    """``None``/``"auto"`` → the default; strings and ``torch.dtype`` accepted."""
+    import torch
+
+    from ..errors import ConfigError
+
+    if dtype is None or dtype == "auto":
+        dtype = DEFAULT_DTYPE
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    key = _DTYPES.get(str(dtype).lower().replace("torch.", ""))
+    if key is None:
+        raise ConfigError(f"unknown dtype {dtype!r} (use float32, bfloat16 or float16)")
+    return getattr(torch, key)
+
+
+def load_model(
+    spec: str | os.PathLike[str] | LanguageModel = DEFAULT_MODEL,
+    *,
+    dtype: Any = None,
+    device: str | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    device_map: str | None = None,
+) -> LanguageModel:
+    """Load a causal LM for analysis.
+
+    Args:
+        spec: a bundled name (``smollm2-135m`` — the default — or ``gemma3-270m``; see
+            ``lmgeom models``), a Hugging Face hub id (``EleutherAI/pythia-160m``), a local model
+            folder (``config.json`` + safetensors), or a path to a ``.gguf`` file.
+        dtype: ``float32`` (default), ``bfloat16`` or ``float16``.
+        device: ``cpu``, ``cuda``, ``cuda:1``, ``mps``; default: CUDA if available else CPU.
+        revision: hub revision / branch / tag (e.g. Pythia's ``step1000``).
+        trust_remote_code: run code shipped with a hub model. Off unless you ask; a warning is
+            logged when on.
+        device_map: passed to transformers (``"auto"`` spreads a big model with accelerate).
+
+    Returns:
+        a :class:`LanguageModel` in eval mode.
+
+    Raises:
+        ModelError: unknown name (lists the bundled ones), missing path, folder that is not a
+            model, corrupt weights, a model without a readout head, unreachable hub.
+    """
+    if isinstance(spec, LanguageModel):
+        return spec
+    import torch
+
+    torch_dtype = resolve_dtype(dtype)
+    if device is None and device_map is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if trust_remote_code:
+        log.warning("trust_remote_code=True: code shipped with %s will run on this machine", spec)
+    name = str(spec)
+    path = Path(name).expanduser()
+
+    if name in BUNDLED:
+        folder, identity = _bundled_folder(name)
+        source = folder
+        gguf_file = None
+    elif path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"GGUF file {path} does not exist")
+        folder, identity = _gguf_folder(path, name)
+        source, gguf_file = folder, None
+    elif path.exists():
+        if not path.is_dir():
+            raise ModelError(f"{path} is neither a model folder nor a .gguf file")
+        if not (path / "config.json").is_file():
+            raise ModelError(
+                f"folder {path} is not a model: it has no config.json (expected a Hugging Face "
+                "model folder saved with save_pretrained, or pass a .gguf file)"
+            )
+        source, gguf_file = path, None
+        identity = {"source": "folder", "path": str(path.resolve()), "weights_sha256": weights_hash(path)}
+    elif _looks_like_path(name):
+        raise ModelError(f"model path {name} does not exist")
+    elif "/" in name:
+        source, gguf_file = name, None
+        identity = {"source": "hub", "hub_id": name, "revision": revision or "main"}
+    else:
+        raise ModelError(
+            f"unknown model {name!r}; bundled models: {', '.join(BUNDLED)} "
+            "(or give a Hugging Face hub id, a local model folder, or a .gguf file)"
+        )
+    hf_model, tokenizer = _from_pretrained(
+        source,
+        name=name,
+        dtype=torch_dtype,
+        revision=revision if identity.get("source") == "hub" else None,
+        trust_remote_code=trust_remote_code,
+        device_map=device_map,
+        gguf_file=gguf_file,
+    )
+    if identity.get("source") == "hub":
+        identity["commit"] = getattr(hf_model.config, "_commit_hash", None)
+    if device_map is None and device is not None:
+        hf_model.to(device)
+    identity["name"] = name
+    tokenizer.padding_side = "right"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    identity["tokenizer_sha256"] = _tokenizer_hash(tokenizer)
+    return LanguageModel.wrap(hf_model, tokenizer, name=name, identity=identity)
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or os.sep in name and name.count("/") != 1 or (
+        name.endswith((".safetensors", ".bin", ".json"))
+    )
+
+
+def _from_pretrained(source, *, name, dtype, revision, trust_remote_code, device_map, gguf_file):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if revision:
+        kwargs["revision"] = revision
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    try:
+        config = AutoConfig.from_pretrained(source, **kwargs)
+    except OSError as exc:
+        raise ModelError(_hub_message(name, exc)) from exc
+    except ValueError as exc:
+        raise ModelError(f"cannot read the config of {name}: {exc}") from exc
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, config=config, dtype=dtype, device_map=device_map, **kwargs
+        )
+    except ValueError as exc:
+        if "Unrecognized configuration class" in str(exc) or "does not support" in str(exc):
+            raise ModelError(
+                f"model {name!r} ({config.model_type}) has no causal-LM readout head: lmgeom needs a "
+                "decoder with W_U (an encoder such as BERT/MiniLM cannot be analysed)"
+            ) from exc
+        raise ModelError(f"could not load {name}: {exc}") from exc
+    except OSError as exc:
+        raise ModelError(_hub_message(name, exc)) from exc
+    except Exception as exc:  # safetensors/gguf parse errors come as many types
+        raise ModelError(
+            f"could not load the weights of {name} ({type(exc).__name__}: {str(exc)[:200]}); "
+            "the file may be corrupt or truncated — re-download or re-save it"
+        ) from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except Exception as exc:
+        raise ModelError(f"could not load the tokenizer of {name}: {str(exc)[:200]}") from exc
+    return model, tokenizer
+
+
+def _hub_message(name: str, exc: Exception) -> str:
+    return (
+        f"could not load {name!r}: {str(exc).splitlines()[0][:200]} — if this is a hub id, the "
+        "hub may be unreachable from this machine (use a bundled model, a local folder or a .gguf)"
+    )
+
+
+# ---------------------------------------------------------------------- conversion cache
+def _bundled_folder(name: str) -> tuple[Path, dict[str, Any]]:
+    bm = BUNDLED[name]
+    root = cache_dir("models")
+    gguf = gguf_path(bm, root)
+    sha = bm.sha256 or cached_file_hash(gguf)
+    folder, identity = _convert_gguf(gguf, sha, f"{name}-{sha[:12]}")
+    identity.update({"source": "bundled", "bundled": name, "package": bm.package})
+    return folder, identity
+
+
+def _gguf_folder(path: Path, name: str) -> tuple[Path, dict[str, Any]]:
+    sha = cached_file_hash(path)
+    folder, identity = _convert_gguf(path, sha, f"gguf-{sha[:16]}")
+    identity.update({"source": "gguf", "path": str(path.resolve())})
+    return folder, identity
+
+
+def _convert_gguf(gguf: Path, sha: str, key: str) -> tuple[Path, dict[str, Any]]:
+    """Dequantize ``gguf`` once into a safetensors folder under the cache (atomic, locked)."""
+    import torch
+    from filelock import FileLock
+
+    folder = cache_dir("models") / key
+    identity = {"gguf_sha256": sha, "weights_sha256": sha}
+    done = folder / ".lmgeom-converted"
+    if done.is_file():
+        return folder, identity
+    with FileLock(str(folder) + ".lock"):
+        if done.is_file():
+            return folder, identity
+        log.warning("first load of %s: dequantizing the GGUF once into %s", gguf.name, folder)
+        model, tokenizer = _from_pretrained(
+            gguf.parent, name=str(gguf), dtype=torch.float32, revision=None,
+            trust_remote_code=False, device_map=None, gguf_file=gguf.name,
+        )
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / ".lmgeom-converted").write_text(json.dumps({"gguf": str(gguf), "sha256": sha}))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    return folder, identity
+
+
+def cached_file_hash(path: Path) -> str:
+    """sha256 of a file, memoised in the cache by (path, size, mtime)."""
+    st = path.stat()
+    memo = cache_dir("hashes") / (stable_hash([str(path.resolve()), st.st_size, st.st_mtime_ns])[:32])
+    if memo.is_file():
+        return memo.read_text().strip()
+    sha = sha256_file(path)
+    memo.write_text(sha)
+    return sha
+
+
+def weights_hash(folder: Path) -> str:
+    """Content hash of a model folder's weight files (safetensors / bin / gguf)."""
+    files = sorted(
+        p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".gguf", ".pt")
+    )
+    if not files:
+        raise ModelError(f"folder {folder} has no weight files (*.safetensors)")
+    return stable_hash([[p.name, cached_file_hash(p)] for p in files])
+
+
+def _tokenizer_hash(tokenizer) -> str:
+    try:
+        backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+        if backend is not None:
+            return stable_hash(backend.to_str())[:16]
+    except Exception:  # pragma: no cover - exotic tokenizers
+        pass
+    return stable_hash(sorted(tokenizer.get_vocab().items()))[:16]
