@@ -141,6 +141,9 @@ def _looks_like_path(name: str) -> bool:
 
 def _from_pretrained(source, *, name, dtype, revision, trust_remote_code, device_map, gguf_file):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # lmgeom shows its own progress; keep logs clean
 
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if revision:

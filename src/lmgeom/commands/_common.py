@@ -1,0 +1,117 @@
+"""Options shared by several sub-commands, so every command spells them the same way."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..models.bundled import DEFAULT_MODEL
+
+DEFAULT_TEXTS = "builtin:domains"
+
+
+def add_model_args(p: argparse.ArgumentParser, *, multiple: bool = False) -> None:
+    g = p.add_argument_group("model")
+    if multiple:
+        g.add_argument("--model", action="append", default=None, metavar="SPEC",
+                       help=f"model to analyse; repeat for several (default: {DEFAULT_MODEL}). "
+                            "A bundled name (see `lmgeom models`), hub id, local folder or .gguf")
+    else:
+        g.add_argument("--model", default=DEFAULT_MODEL, metavar="SPEC",
+                       help="bundled name (see `lmgeom models`), hub id, local folder or .gguf file")
+    g.add_argument("--revision", default=None, help="hub revision / branch (e.g. Pythia's step1000)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the forward pass (see docs/dtype.md for the evidence behind the default)")
+    g.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda if available)")
+    g.add_argument("--device-map", default=None, help="transformers device_map, e.g. auto (big models)")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="allow code shipped with a hub model to run (off by default)")
+
+
+def add_texts_args(p: argparse.ArgumentParser, *, default: str = DEFAULT_TEXTS, n: int | None = 512,
+                   multiple: bool = False) -> None:
+    g = p.add_argument_group("texts")
+    if multiple:
+        g.add_argument("--texts", action="append", default=None, metavar="SPEC",
+                       help=f"text set; repeat for several (default: {default}). builtin:NAME, a "
+                            ".txt/.jsonl/.csv/.parquet file, or hf:NAME[:CONFIG][:SPLIT]")
+    else:
+        g.add_argument("--texts", default=default, metavar="SPEC",
+                       help="builtin:NAME (see `lmgeom texts`), a .txt/.jsonl/.csv/.parquet file, or "
+                            "hf:NAME[:CONFIG][:SPLIT]")
+    g.add_argument("--n", type=int, default=n, help="number of texts (a seeded, label-balanced sample)")
+    g.add_argument("--text-column", default=None, help="text column of a jsonl/csv/parquet file")
+    g.add_argument("--label-column", default=None, help="label column of a jsonl/csv/parquet file")
+    g.add_argument("--split", default=None, help="for .txt: 'paragraphs' splits on blank lines")
+
+
+def add_extract_args(p: argparse.ArgumentParser, *, layers: str = "all", pooling: str = "last",
+                     max_length: int = 128) -> None:
+    g = p.add_argument_group("extraction")
+    g.add_argument("--layers", default=layers,
+                   help="all | blocks | sublayers | final | 0,5,10 | 3-7 | 12.attn_out (comma-separated)")
+    g.add_argument("--pooling", default=pooling, choices=["last", "mean", "tokens"],
+                   help="one vector per text: last non-pad token, mean of tokens, or sampled tokens")
+    g.add_argument("--max-length", type=int, default=max_length, help="tokens kept per text")
+    g.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
+    g.add_argument("--no-cache", action="store_true", help="do not read or write the activation cache")
+
+
+def add_run_args(p: argparse.ArgumentParser, *, out: str | None = None) -> None:
+    g = p.add_argument_group("run")
+    g.add_argument("--out", default=out, help="output folder")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace an output folder that holds a different run")
+    g.add_argument("--seed", type=int, default=0, help="seed of every sampling step")
+    g.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def load_model_from_args(args, spec: str | None = None):
+    from ..models import load_model
+
+    return load_model(spec or args.model, dtype=args.dtype, device=args.device,
+                      revision=args.revision, trust_remote_code=args.trust_remote_code,
+                      device_map=args.device_map)
+
+
+def load_texts_from_args(args, spec: str | None = None):
+    from ..texts import load_texts
+
+    return load_texts(spec or args.texts, limit=args.n, seed=getattr(args, "seed", 0),
+                      split=args.split, text_column=args.text_column,
+                      label_column=args.label_column)
+
+
+def progress_from_args(args) -> bool | None:
+    if getattr(args, "quiet", False):
+        os.environ["LMGEOM_QUIET"] = "1"
+        return False
+    return None
+
+
+def print_table(rows: list[dict], columns: list[str] | None = None, floatfmt: str = "{:.4g}") -> None:
+    """Print rows as an aligned plain-text table (CLI output)."""
+    if not rows:
+        print("(no rows)")
+        return
+    cols = columns or list(rows[0])
+
+    def fmt(v):
+        if isinstance(v, float):
+            return floatfmt.format(v)
+        return str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in cells:
+        print("  ".join(v.rjust(w) if _numeric(v) else v.ljust(w) for v, w in zip(row, widths)))
+
+
+def _numeric(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,68 @@
+"""``lmgeom extract``: pooled hidden states to an activations file (.safetensors + .json)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ._common import (
+    add_extract_args,
+    add_model_args,
+    add_texts_args,
+    load_model_from_args,
+    load_texts_from_args,
+    print_table,
+    progress_from_args,
+)
+
+NAME = "extract"
+HELP = "extract pooled hidden states of every layer into an activations file"
+DESCRIPTION = (
+    "Run the model over a text set and save one pooled vector per text and layer as "
+    "OUT.safetensors (tensor 'states', shape (n_layers, N, d), float32) plus OUT.json (layers, "
+    "model identity, texts hash, settings). Load it back with lmgeom.load_activations(OUT). "
+    "Results are cached; an interrupted run resumes where it stopped."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_texts_args(p)
+    add_extract_args(p)
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default="activations", help="output path stem (writes OUT.safetensors and OUT.json)")
+    g.add_argument("--n-tokens", type=int, default=2048, help="tokens sampled for --pooling tokens")
+    g.add_argument("--seed", type=int, default=0, help="seed of text and token sampling")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    import numpy as np
+
+    from ..activations import extract
+
+    progress = progress_from_args(args)
+    texts = load_texts_from_args(args)  # cheap: fail fast on a bad corpus before loading the model
+    model = load_model_from_args(args)
+    acts = extract(model, texts, layers=args.layers, pooling=args.pooling,
+                   max_length=args.max_length, batch_size=args.batch_size,
+                   cache=not args.no_cache, n_tokens=args.n_tokens, seed=args.seed,
+                   progress=progress)
+    st, js = acts.save(args.out)
+    rows = []
+    for i, label in enumerate(acts.layers):
+        X = acts.states[i].astype(np.float64)
+        norms = np.linalg.norm(X, axis=1)
+        U = X / np.maximum(norms[:, None], 1e-30)
+        s = U.sum(0)
+        n = len(U)
+        mean_cos = (s @ s - n) / (n * (n - 1)) if n > 1 else float("nan")
+        rows.append({"layer": label, "mean_norm": float(norms.mean()), "std_norm": float(norms.std()),
+                     "mean_cosine": float(mean_cos)})
+    print(f"{acts.model}: {len(acts.layers)} layers x {acts.states.shape[1]} vectors x d={acts.states.shape[2]} "
+          f"({args.pooling} pooling, {len(texts)} texts from {texts.source}; {acts.n_truncated} truncated "
+          f"to {args.max_length} tokens)")
+    print_table(rows)
+    t = acts.timings
+    print(f"\nwrote {st} and {js}  ({t['batches_computed']} batches computed, "
+          f"{t['batches_cached']} from cache, {t['extract_s']:.1f} s)")
+    return 0

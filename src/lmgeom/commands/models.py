@@ -1,0 +1,43 @@
+"""``lmgeom models``: the bundled models, whether each is installed, size and licence."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "models"
+HELP = "list the bundled models (installed?, size, licence)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run(args) -> int:
+    import json
+
+    from ..models.bundled import BUNDLED, DEFAULT_MODEL, _package_dir
+
+    rows = []
+    for bm in BUNDLED.values():
+        size = ""
+        if bm.installed():
+            total = 0
+            for pkg in (bm.package, *bm.parts):
+                total += sum(f.stat().st_size for f in _package_dir(pkg).rglob("*.gguf*"))
+            size = f"{total / 1e6:.0f} MB"
+        rows.append({
+            "name": bm.name + (" (default)" if bm.name == DEFAULT_MODEL else ""),
+            "installed": "yes" if bm.installed() else f"no: {bm.install_hint()}",
+            "arch": bm.arch,
+            "shape": bm.shape,
+            "gguf size": size,
+            "licence": bm.licence,
+        })
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from ._common import print_table
+
+    print_table(rows)
+    print("\nAny Hugging Face hub id, local model folder or .gguf file works too (--model SPEC).")
+    return 0

@@ -1,0 +1,55 @@
+"""The CLI: help for every command, one-line errors for user mistakes, no tracebacks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from lmgeom.cli import COMMANDS, build_parser, main
+
+
+def test_every_command_has_help(capsys):
+    parser = build_parser()
+    names = set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+    assert {"analyze", "pga", "extract", "models", "texts"} <= names
+    for name in names:
+        with pytest.raises(SystemExit) as exc:
+            main([name, "--help"])
+        assert exc.value.code == 0
+        out = capsys.readouterr().out
+        assert "usage: lmgeom" in out and len(out) > 200
+    assert set(COMMANDS) >= names
+
+
+def test_models_lists_bundled(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "smollm2-135m" in out and "gemma3-270m" in out and "Apache-2.0" in out
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["extract", "--model", "no-such-model"], "unknown model 'no-such-model'; bundled models: smollm2-135m"),
+        (["extract", "--model", "./missing/folder"], "does not exist"),
+        (["extract", "--texts", "/nonexistent/file.txt"], "no such file: /nonexistent/file.txt"),
+    ],
+)
+def test_user_mistakes_are_one_line(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_not_a_model_folder(tmp_path, capsys):
+    assert main(["extract", "--model", str(tmp_path)]) == 2
+    assert "is not a model" in capsys.readouterr().err
+
+
+def test_no_traceback_in_a_real_process(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "lmgeom.cli", "pga", "--model", "nope"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "unknown model" in r.stderr
