@@ -101,6 +101,6 @@ def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
     if path.suffix == ".csv":
         df = pd.read_csv(path, keep_default_na=False, na_values=[""])
         for c in ("model", "revision", "layer", "metric", "setting"):
-            df[c] = df[c].fillna("").astype(str)
+            df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
         return frame(df.to_dict("records"))
     return pd.read_parquet(path)
