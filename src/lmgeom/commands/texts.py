@@ -1,0 +1,121 @@
+"""``lmgeom texts``: list, fetch and preview corpora."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+NAME = "texts"
+HELP = "list the built-in corpora, fetch them, or preview any corpus spec"
+DESCRIPTION = (
+    "Without arguments: a table of the built-in offline corpora (builtin:NAME). "
+    "--fetch: download and build them into the cache (idempotent; quick when already done). "
+    "SPEC: load builtin:NAME, a local .txt/.jsonl/.csv/.tsv/.parquet file or hf:NAME[:CONFIG]"
+    "[:SPLIT] and print its size, label counts and first texts."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "spec",
+        nargs="?",
+        default=None,
+        help="corpus to preview: builtin:NAME, a file path, or hf:NAME[:CONFIG][:SPLIT]",
+    )
+    parser.add_argument(
+        "--fetch",
+        nargs="*",
+        metavar="NAME",
+        default=None,
+        help="fetch built-in corpora into the cache (all, or the NAMEs given)",
+    )
+    parser.add_argument("--force", action="store_true", help="with --fetch: rebuild even if cached")
+    parser.add_argument("--limit", type=int, default=None, help="seeded sample of N texts")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
+    parser.add_argument(
+        "--split",
+        default=None,
+        help=".txt: lines|paragraphs; hf: the dataset split",
+    )
+    parser.add_argument("--text-column", default=None, help="column holding the texts")
+    parser.add_argument("--label-column", default=None, help="column holding the labels")
+    parser.add_argument("--show", type=int, default=5, help="how many texts to preview")
+    parser.add_argument("--width", type=int, default=100, help="preview line width (characters)")
+
+
+def _table(rows: list[list[str]], right: set[int]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, r in enumerate(rows):
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _print_builtin_table() -> None:
+    from ..texts import corpora_dir, list_builtin
+
+    rows = [["name", "texts", "words", "fetched", "licence", "description"]]
+    for r in list_builtin():
+        rows.append(
+            [
+                f"builtin:{r['name']}",
+                f"{r['n_texts']:,}" if r["n_texts"] is not None else "-",
+                f"{r['n_words']:,}" if r["n_words"] is not None else "-",
+                "yes" if r["fetched"] else "no",
+                r["licence"],
+                r["description"],
+            ]
+        )
+    print(_table(rows, right={1, 2}))
+    print(f"\ncache: {corpora_dir()}  (fetch all: lmgeom texts --fetch)")
+
+
+def _short(text: str, width: int) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= width else one[: max(width - 1, 1)] + "…"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..texts import fetch_builtin, load_texts
+
+    if args.fetch is not None:
+        t0 = time.perf_counter()
+        names = [n.removeprefix("builtin:") for n in args.fetch] or None
+        manifests = fetch_builtin(names, force=args.force)
+        n = sum(int(m.get("n_texts") or 0) for m in manifests.values())
+        print(
+            f"fetched {len(manifests)} built-in corpora ({n:,} texts) in "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
+        if args.spec is None:
+            return 0
+    if args.spec is None:
+        _print_builtin_table()
+        return 0
+    ts = load_texts(
+        args.spec,
+        limit=args.limit,
+        seed=args.seed,
+        split=args.split,
+        text_column=args.text_column,
+        label_column=args.label_column,
+    )
+    words = ts.n_words
+    print(f"{ts.source}")
+    print(
+        f"texts: {len(ts):,}   words: {words:,}   mean words/text: {words / len(ts):.1f}"
+        + (f"   dropped empty: {ts.n_dropped}" if ts.n_dropped else "")
+    )
+    print(f"hash: {ts.hash[:16]}")
+    counts = ts.label_counts()
+    if counts is not None:
+        print("labels: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    for i in range(min(args.show, len(ts))):
+        label = f" [{ts.labels[i]}]" if ts.labels is not None else ""
+        print(f"{ts.ids[i]}{label}: {_short(ts.texts[i], args.width)}")
+    return 0
