@@ -439,6 +439,7 @@ def write_report(
     manifest: Mapping[str, Any] | None,
     *,
     title: str | None = None,
+    extra_figures: Sequence[tuple[str, Sequence[Path], str]] = (),
 ) -> Path:
     """Draw every plot and write ``<out_dir>/report.html``, one self-contained page.
 
@@ -449,6 +450,8 @@ def write_report(
             ``n_texts``, ``settings``, ``seeds``, ``versions``, ``timings``, ``started``,
             ``finished``, ``signature``; unknown keys are listed in the settings table).
         title: page title; default ``lmgeom report: <models>``.
+        extra_figures: ``(title, [png, svg], caption)`` for figures an experiment drew itself
+            (e.g. the cross-model heatmap); each becomes a section after the per-layer ones.
 
     Returns:
         The path of ``report.html``.
@@ -508,6 +511,11 @@ def write_report(
         parts.append("</section>")
         toc.append((f"section-{sec.key}", sec.title))
         body.append("\n".join(parts))
+    for i, (fig_title, fig_paths, caption) in enumerate(extra_figures):
+        key = f"section-extra-{i}"
+        toc.append((key, str(fig_title)))
+        body.append(f'<section id="{key}"><h2>{esc(fig_title)}</h2><p class="intro">{esc(caption)}</p>'
+                    + _figure([Path(p) for p in fig_paths], out, str(fig_title)) + "</section>")
     ml = _model_level_table(df)
     if ml:
         toc.append(("section-model-level", "Model-level results"))

@@ -1,0 +1,204 @@
+"""Hardness ranking without labels (METHODS.md, "Applications": hardness ranking).
+
+Per text, one forward pass gives (a) the token-level dispersion of its token states at one
+layer (default ``final``, the post-norm states the readout reads; the BOS position is left
+out when the tokenizer prepends one) and (b) its perplexity ``exp(mean NLL of tokens 2..T)``.
+Texts are ranked by dispersion, lowest first (rank 1 = least dispersed = predicted hardest).
+
+Evaluation against perplexity (the label-free stand-in for task errors):
+
+* ``hardness_spearman``: Spearman between dispersion and perplexity (equal to Spearman between
+  the dispersion rank and perplexity) with a seeded bootstrap 95 % interval; the papers'
+  expectation is negative.
+* ``hardness_decile_overlap``: the share of the top-perplexity decile (the ``k = round(n·q)``
+  texts with the highest perplexity, q = 0.1) that is found among the ``k`` lowest-dispersion
+  texts. A random ranking finds ``k/n`` (≈ 10 %) on average: ``hardness_overlap_null`` gives
+  the mean share over ``n_perm`` seeded random rankings with the central 95 % of that null as
+  its interval, and ``hardness_overlap_p`` the permutation p-value
+  ``(1 + #{null ≥ observed}) / (1 + n_perm)``.
+
+Texts with fewer than two counted positions have no dispersion and are left out (counted).
+All rows are model-level (``layer = ""``); the layer and corpus are in ``setting``, e.g.
+``texts=builtin:domains;layer=final``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, DataError
+from . import table
+from .dispersion import correlation, token_dispersion
+
+log = logging.getLogger(__name__)
+
+SNIPPET_CHARS = 80
+
+
+@dataclass(frozen=True)
+class HardnessConfig:
+    layer: str = "final"
+    max_length: int = 256
+    batch_size: int = 8
+    n_boot: int = 1000
+    n_perm: int = 1000
+    quantile: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 0 < self.quantile <= 0.5:
+            raise ConfigError(f"quantile must be in (0, 0.5], got {self.quantile}")
+        if self.n_perm < 10:
+            raise ConfigError(f"n_perm must be >= 10, got {self.n_perm}")
+
+
+@dataclass
+class HardnessResult:
+    """Ranking and its evaluation.
+
+    Attributes:
+        ranking: DataFrame (id, label, rank, dispersion, perplexity, n_tokens, snippet), sorted
+            by rank (texts without a dispersion last, rank NaN).
+        spearman: (value, ci_low, ci_high).
+        overlap: observed share of the top-perplexity quantile among the lowest-dispersion one.
+        null: ``(n_perm,)`` shares under random rankings.
+        k: texts per quantile; n: texts ranked; n_skipped: texts without a dispersion.
+        layer: the point used.
+        corpus_perplexity: ``exp(Σ NLL / Σ scored tokens)`` over the ranked texts.
+    """
+
+    ranking: Any
+    spearman: tuple[float, float, float]
+    overlap: float
+    null: np.ndarray
+    k: int
+    n: int
+    n_skipped: int
+    layer: str
+    corpus_perplexity: float = math.nan
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def null_mean(self) -> float:
+        return float(self.null.mean())
+
+    @property
+    def null_interval(self) -> tuple[float, float]:
+        lo, hi = np.percentile(self.null, [2.5, 97.5])
+        return float(lo), float(hi)
+
+    @property
+    def p_value(self) -> float:
+        return float((1 + np.sum(self.null >= self.overlap - 1e-12)) / (1 + len(self.null)))
+
+
+def quantile_overlap(dispersion: np.ndarray, perplexity: np.ndarray, quantile: float = 0.1,
+                     *, n_perm: int = 1000, seed: int = 0) -> tuple[float, np.ndarray, int]:
+    """Share of the top-``quantile`` perplexity texts among the lowest-``quantile`` dispersion
+    texts, and the same share for ``n_perm`` seeded random rankings.
+
+    Returns:
+        ``(observed, null (n_perm,), k)``.
+    """
+    d = np.asarray(dispersion, dtype=np.float64)
+    p = np.asarray(perplexity, dtype=np.float64)
+    n = len(d)
+    if n < 2:
+        raise DataError(f"need at least 2 texts to rank, got {n}")
+    k = max(1, int(round(quantile * n)))
+    top_ppl = np.zeros(n, dtype=bool)
+    top_ppl[np.argsort(-p, kind="stable")[:k]] = True
+    low_disp = np.argsort(d, kind="stable")[:k]
+    observed = float(top_ppl[low_disp].mean())
+    rng = np.random.default_rng(seed)
+    null = np.array([top_ppl[rng.permutation(n)[:k]].mean() for _ in range(n_perm)])
+    return observed, null, k
+
+
+def _snippet(text: str, n: int = SNIPPET_CHARS) -> str:
+    s = " ".join(text.split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def rank_hardness(model, texts, config: HardnessConfig | None = None, *,
+                  progress: bool | None = None, cache: bool = True) -> HardnessResult:
+    """Rank ``texts`` by dispersion (low first) and evaluate the ranking against perplexity."""
+    import pandas as pd
+
+    from ..activations.core import encode_texts
+    from ..lm.perplexity import forward_chunks
+    from ..models import load_model
+    from ..texts import as_textset
+
+    config = config or HardnessConfig()
+    model = load_model(model)
+    ts = as_textset(texts)
+    pts = model.resolve_points(config.layer)
+    if len(pts) != 1:
+        raise ConfigError(f"hardness ranks by one layer; got {config.layer!r} ({len(pts)} points)")
+    layer = pts[0]
+    t0 = time.perf_counter()
+    enc = encode_texts(model, ts.texts, config.max_length)
+    res = forward_chunks(model, list(enc.ids), (layer,), {"token_dispersion": token_dispersion},
+                         nll=True, reduce_from=1 if model.bos_prepended else 0,
+                         batch_size=config.batch_size, progress=progress, cache=cache,
+                         desc=f"hardness {model.name}")
+    disp = res.reduced["token_dispersion"][layer].astype(np.float64)
+    ppl = res.perplexity
+    ok = np.isfinite(disp) & np.isfinite(ppl)
+    n_skip = int((~ok).sum())
+    if n_skip:
+        log.warning("%d text(s) too short for a dispersion (< 2 counted tokens): left out", n_skip)
+    if ok.sum() < 3:
+        raise DataError(f"only {int(ok.sum())} texts have a dispersion; need at least 3")
+    rank = np.full(len(ts), np.nan)
+    order = np.flatnonzero(ok)[np.argsort(disp[ok], kind="stable")]
+    rank[order] = np.arange(1, len(order) + 1)
+    frame = pd.DataFrame({
+        "id": list(ts.ids),
+        "label": list(ts.labels) if ts.labels is not None else [""] * len(ts),
+        "rank": rank,
+        "dispersion": disp,
+        "perplexity": ppl,
+        "n_tokens": enc.lengths,
+        "snippet": [_snippet(t) for t in ts.texts],
+    }).sort_values(["rank"], na_position="last", kind="stable").reset_index(drop=True)
+    rho = correlation(disp[ok], ppl[ok], "spearman", config.n_boot, config.seed)
+    obs, null, k = quantile_overlap(disp[ok], ppl[ok], config.quantile, n_perm=config.n_perm,
+                                    seed=config.seed)
+    return HardnessResult(
+        ranking=frame, spearman=rho, overlap=obs, null=null, k=k, n=int(ok.sum()),
+        n_skipped=n_skip, layer=layer,
+        corpus_perplexity=float(math.exp(res.nll_sum[ok].sum() / res.n_predicted[ok].sum())),
+        settings={**asdict(config), "n_truncated": enc.n_truncated,
+                  "forward_s": time.perf_counter() - t0, "batches_cached": res.batches_cached},
+    )
+
+
+def hardness_rows(res: HardnessResult, *, model: str, texts_label: str, config: HardnessConfig,
+                  revision: str = "") -> list[dict[str, Any]]:
+    """Model-level tidy rows of one :class:`HardnessResult`."""
+    s = f"texts={texts_label};layer={res.layer}"
+    q = f"{s};q={config.quantile:g}"
+    base = {"model": model, "revision": revision}
+    lo, hi = res.null_interval
+    rk = res.ranking
+    return [
+        table.row(**base, metric="hardness_spearman", setting=s, value=res.spearman[0],
+                  ci_low=res.spearman[1], ci_high=res.spearman[2], seed=config.seed, n=res.n),
+        table.row(**base, metric="hardness_decile_overlap", setting=q, value=res.overlap,
+                  seed=config.seed, n=res.k),
+        table.row(**base, metric="hardness_overlap_null", setting=q, value=res.null_mean,
+                  ci_low=lo, ci_high=hi, seed=config.seed, n=len(res.null)),
+        table.row(**base, metric="hardness_overlap_p", setting=q, value=res.p_value,
+                  seed=config.seed, n=len(res.null)),
+        table.row(**base, metric="dispersion", setting=s,
+                  value=float(np.nanmean(rk["dispersion"].to_numpy(float))), n=res.n),
+        table.row(**base, metric="perplexity", setting=s, value=res.corpus_perplexity, n=res.n),
+    ]
