@@ -1,0 +1,322 @@
+"""Geometry primitives shared by every metric: centring, CCR, the readout basis, null frames.
+
+Conventions (METHODS.md, "Subspace PGA"):
+
+* **centring** subtracts the column means;
+* **CCR-m** (common-component removal) additionally removes the top-m principal components of
+  the centred matrix, ``X <- X - X P_m^T P_m`` (``m = 0`` is centring only);
+* the **readout basis** ``V_k`` is the top-k right singular vectors of ``W_U`` (optionally of
+  ``W_U diag(gain)``, what the readout applies to a normalised state);
+* **null frames** are uniform on the Grassmannian: the Q factor of a ``d x k`` standard Gaussian,
+  with columns sign-fixed by the diagonal of R, drawn from ``numpy.random.default_rng(seed)``
+  in the order documented in :func:`null_frames`.
+
+Rows that are identical in the input stay *bit-identical* after :func:`ccr` (BLAS does not
+guarantee that on its own), so that duplicate texts give exact distance ties downstream.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Iterator
+
+import numpy as np
+import scipy.linalg
+
+from lmgeom.metrics._common import (
+    as_matrix,
+    check_finite,
+    check_int,
+    check_seed,
+    config_error,
+    data_error,
+    is_torch,
+    to_numpy,
+)
+
+__all__ = [
+    "center",
+    "ccr",
+    "readout_basis",
+    "null_frames",
+    "random_frame",
+    "duplicate_groups",
+    "RANK_RTOL",
+    "ZERO_RTOL",
+]
+
+#: Relative tolerance on singular values below which a direction counts as numerically absent
+#: (used by CCR's rank check): sigma_i <= RANK_RTOL * sigma_1.
+RANK_RTOL = 1e-6
+
+#: A row counts as zero when its norm is <= ZERO_RTOL times the largest row norm of the
+#: reference matrix (the input X for preprocessing, the preprocessed X for projections).
+ZERO_RTOL = 1e-10
+
+_SIGN_BIT = np.uint64(1 << 63)
+
+
+def center(X: Any, *, label: str | None = None) -> np.ndarray:
+    """Centre the rows of ``X``.
+
+    Args:
+        X: (n, d) array or tensor.
+        label: prefix for error messages.
+
+    Returns:
+        (n, d) float64 array ``X - mean(X, axis=0)``.
+    """
+    A = as_matrix(X, name="X", label=label)
+    return A - A.mean(axis=0)
+
+
+def _top_eigh(C: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-q eigenpairs of a symmetric PSD matrix, descending."""
+    n = C.shape[0]
+    w, V = scipy.linalg.eigh(C, subset_by_index=[n - q, n - 1])
+    return w[::-1].copy(), V[:, ::-1].copy()
+
+
+def _top_directions(Xc: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-q principal directions of a centred matrix.
+
+    Returns:
+        ``(P, lam)``: P (q, d) with orthonormal rows, lam (q,) = squared singular values,
+        descending. Uses the smaller of the d x d and n x n Gram matrices in float64.
+    """
+    n, d = Xc.shape
+    if d <= n:
+        lam, V = _top_eigh(Xc.T @ Xc, q)
+        return np.ascontiguousarray(V.T), np.maximum(lam, 0.0)
+    lam, U = _top_eigh(Xc @ Xc.T, q)
+    lam = np.maximum(lam, 0.0)
+    P = U.T @ Xc
+    norms = np.linalg.norm(P, axis=1)
+    norms[norms == 0] = 1.0
+    return P / norms[:, None], lam
+
+
+def duplicate_groups(A: np.ndarray) -> np.ndarray | None:
+    """Find rows that are exactly equal (``-0.0 == 0.0``).
+
+    Args:
+        A: (n, d) float64 C-contiguous array.
+
+    Returns:
+        None when all rows are distinct, else ``rep`` (n,) int64 with ``rep[i]`` the smallest
+        index of a row equal to row i.
+    """
+    n, d = A.shape
+    if n < 2:
+        return None
+    bits = A.view(np.uint64)
+    mult = np.random.default_rng(0x5EED_0F_D0).integers(
+        1, np.iinfo(np.uint64).max, size=d, dtype=np.uint64, endpoint=True
+    ) | np.uint64(1)
+    h = np.empty(n, dtype=np.uint64)
+    step = max(1, (1 << 20) // d)
+    with np.errstate(over="ignore"):
+        for r0 in range(0, n, step):
+            b = bits[r0:r0 + step]
+            b = np.where(b == _SIGN_BIT, np.uint64(0), b)
+            b *= mult
+            h[r0:r0 + step] = b.sum(axis=1, dtype=np.uint64)
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    if first.size == n:
+        return None
+    rep = first[inv.ravel()].astype(np.int64)
+    cand = np.flatnonzero(rep != np.arange(n))
+    if not np.all(A[cand] == A[rep[cand]]):
+        # A hash collision between unequal rows: fall back to the exact (slower) grouping.
+        _, first, inv = np.unique(A + 0.0, axis=0, return_index=True, return_inverse=True)
+        if first.size == n:
+            return None
+        rep = first[inv.ravel()].astype(np.int64)
+    return rep
+
+
+def _canonicalise(out: np.ndarray, rep: np.ndarray | None) -> np.ndarray:
+    if rep is not None:
+        out = out[rep]
+    return out
+
+
+def ccr(X: Any, m: int = 1, *, label: str | None = None) -> np.ndarray:
+    """Centre ``X`` and remove its top-m principal components (CCR-m).
+
+    ``X <- Xc - Xc P_m^T P_m`` with ``Xc`` the centred X and ``P_m`` (m, d) its top-m principal
+    directions (from the float64 eigendecomposition of the smaller Gram matrix). ``m = 0``
+    is centring only. Rows that are identical in ``X`` are bit-identical in the result.
+
+    Args:
+        X: (n, d) array or tensor.
+        m: number of principal components to remove (METHODS.md default 1; the paper also
+            uses 5 and 10).
+        label: prefix for error messages.
+
+    Returns:
+        (n, d) float64 array.
+
+    Raises:
+        ConfigError: m < 0, or m >= the numerical rank of the centred X (nothing would be left).
+        DataError: non-finite values, or fewer than 2 rows.
+    """
+    A = as_matrix(X, name="X", label=label, min_rows=2)
+    m = check_int(m, name="ccr (number of components removed)", minimum=0, label=label)
+    n, d = A.shape
+    Xc = A - A.mean(axis=0)
+    scale = float(np.max(np.abs(A)))
+    if not np.any(np.abs(Xc) > ZERO_RTOL * scale):
+        raise data_error(
+            f"X has no variance: all {n} rows are (numerically) identical, so every row is zero "
+            "after centring — identical texts collapse onto the mean; pass distinct texts",
+            label,
+        )
+    if m > 0:
+        max_rank = min(n - 1, d)
+        if m >= max_rank:
+            raise config_error(
+                f"CCR-{m} removes {m} principal components but the centred X (n={n}, d={d}) "
+                f"has rank at most {max_rank}; use ccr < {max_rank} or pass more rows",
+                label,
+            )
+        P, lam = _top_directions(Xc, m + 1)
+        if lam[0] <= 0 or lam[m] <= (RANK_RTOL ** 2) * lam[0]:
+            rank = int(np.count_nonzero(lam > (RANK_RTOL ** 2) * max(lam[0], 0.0)))
+            raise config_error(
+                f"CCR-{m}: the centred X has numerical rank {rank} <= {m} (singular values "
+                f"below {RANK_RTOL:g} x the largest count as zero), so removing {m} components "
+                "leaves only rounding noise; use a smaller ccr",
+                label,
+            )
+        Pm = P[:m]
+        Xc -= (Xc @ Pm.T) @ Pm
+    return _canonicalise(Xc, duplicate_groups(A))
+
+
+def _rows_float64(W: Any, r0: int, r1: int) -> np.ndarray:
+    if is_torch(W):
+        import torch
+
+        return W[r0:r1].detach().to(device="cpu", dtype=torch.float64).numpy()
+    return np.asarray(W[r0:r1], dtype=np.float64)
+
+
+def readout_basis(W_U: Any, k: int = 100, *, gain: Any = None,
+                  label: str | None = None) -> np.ndarray:
+    """Top-k right singular vectors of the unembedding (the readout subspace ``V_k``).
+
+    Computed from the d x d Gram matrix ``W^T W`` accumulated in float64 over row chunks (so a
+    262k x 640 bfloat16 ``W_U`` never needs a full float64 copy) and its eigendecomposition.
+    Each column's sign is fixed so that its largest-magnitude entry is positive.
+
+    Args:
+        W_U: (V, d) unembedding (``lm_head`` weight), numpy or torch of any dtype.
+        k: subspace dimension, 0 < k < d and k <= V.
+        gain: optional (d,) final-norm gain γ; the basis is then that of ``W_U diag(γ)``
+            (METHODS.md ``readout="effective"``).
+        label: prefix for error messages.
+
+    Returns:
+        (d, k) float64 array with orthonormal columns, ordered by decreasing singular value.
+    """
+    shape = tuple(W_U.shape) if hasattr(W_U, "shape") else np.shape(W_U)
+    if len(shape) != 2:
+        raise data_error(f"W_U must be 2-D (vocab, d); got shape {shape}", label)
+    if not (is_torch(W_U) or isinstance(W_U, np.ndarray)):
+        W_U = to_numpy(W_U, name="W_U", label=label)
+    V, d = shape
+    k = check_int(k, name="k", minimum=1, label=label)
+    if k >= d:
+        raise config_error(
+            f"k={k} must be smaller than the model width d={d} (k >= d makes the readout "
+            "subspace the whole space); use e.g. k=100",
+            label,
+        )
+    if k > V:
+        raise config_error(f"k={k} exceeds the vocabulary size {V}", label)
+    g = None
+    if gain is not None:
+        g = to_numpy(gain, name="gain", label=label).ravel()
+        if g.shape != (d,):
+            raise data_error(f"gain must have shape ({d},); got {tuple(g.shape)}", label)
+        check_finite(g, name="gain", label=label)
+    C = np.zeros((d, d))
+    step = max(1, (1 << 22) // d)
+    for r0 in range(0, V, step):
+        rows = _rows_float64(W_U, r0, min(V, r0 + step))
+        check_finite(rows, name=f"W_U rows {r0}..{r0 + rows.shape[0] - 1}", label=label)
+        if g is not None:
+            rows = rows * g
+        C += rows.T @ rows
+    lam, Vk = _top_eigh(C, k)
+    if lam[0] <= 0:
+        raise data_error("W_U is all zeros; cannot build a readout basis", label)
+    idx = np.argmax(np.abs(Vk), axis=0)
+    signs = np.sign(Vk[idx, np.arange(k)])
+    signs[signs == 0] = 1.0
+    return np.ascontiguousarray(Vk * signs)
+
+
+@functools.lru_cache(maxsize=1)
+def _blas_controller() -> Any:
+    try:
+        from threadpoolctl import ThreadpoolController
+
+        return ThreadpoolController()
+    except Exception:  # pragma: no cover - threadpoolctl missing or broken
+        return None
+
+
+def _qr_single_thread(G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Householder QR with BLAS limited to one thread (multi-threaded LAPACK is ~10x slower
+    on these tall-skinny d x k matrices)."""
+    ctl = _blas_controller()
+    if ctl is None:  # pragma: no cover
+        return np.linalg.qr(G)
+    with ctl.limit(limits=1, user_api="blas"):
+        return np.linalg.qr(G)
+
+
+def random_frame(rng: np.random.Generator, d: int, k: int) -> np.ndarray:
+    """One frame uniform on the Grassmannian: Q of ``QR(rng.standard_normal((d, k)))``.
+
+    Columns are multiplied by ``sign(diag(R))`` (0 counts as +1), which makes Q Haar-distributed
+    on the Stiefel manifold. Consumes exactly one ``standard_normal((d, k))`` draw from ``rng``.
+
+    Returns:
+        (d, k) float64 array with orthonormal columns.
+    """
+    G = rng.standard_normal((d, k))
+    Q, R = _qr_single_thread(G)
+    s = np.sign(np.diag(R))
+    s[s == 0] = 1.0
+    return Q * s
+
+
+def iter_frames(rng: np.random.Generator, dims: list[tuple[int, int]],
+                n: int) -> Iterator[list[np.ndarray]]:
+    """Yield n draws; each draw is one frame per (d, k) in ``dims``, drawn in that order."""
+    for _ in range(n):
+        yield [random_frame(rng, d, k) for d, k in dims]
+
+
+def null_frames(d: int, k: int, n_null: int = 100, seed: int = 0) -> np.ndarray:
+    """The null frames :func:`~lmgeom.metrics.subspace_pga` uses for this ``seed``.
+
+    Draw b (b = 0, 1, ..., n_null - 1) is ``random_frame(rng, d, k)`` with
+    ``rng = numpy.random.default_rng(seed)`` shared by all draws, i.e. the b-th
+    ``standard_normal((d, k))`` of that generator, QR-decomposed and sign-fixed.
+    (:func:`~lmgeom.metrics.cross_model_alignment` draws model A's then model B's frame
+    for each b from the same generator.)
+
+    Returns:
+        (n_null, d, k) float64 array. Memory: ``8 * n_null * d * k`` bytes.
+    """
+    d = check_int(d, name="d", minimum=1)
+    k = check_int(k, name="k", minimum=1)
+    n_null = check_int(n_null, name="n_null", minimum=1)
+    if k > d:
+        raise config_error(f"k={k} exceeds d={d}")
+    rng = np.random.default_rng(check_seed(seed))
+    return np.stack([f[0] for f in iter_frames(rng, [(d, k)], n_null)])

@@ -1,0 +1,307 @@
+"""Subspace PGA (Predictive-Geometric Alignment) and the PC1-migration diagnostic.
+
+Definition (METHODS.md): after centring / CCR-m, ``d_full(i,j) = 1 - cos(x_i, x_j)`` and
+``d_proj(i,j) = 1 - cos(V_k^T x_i, V_k^T x_j)``; ``rho_readout = Spearman(d_full, d_proj)``;
+null ``rho_b = Spearman(d_full, d_Q)`` for frames Q uniform on the Grassmannian;
+``z = (rho_readout - mean rho_b) / std rho_b`` (ddof = 1).
+
+How it is fast (and still exact): the full-space distances are ranked once; every frame's
+distances come from a blocked Gram matrix of the row-normalised projection (no ``pdist``);
+ranking uses one ``numpy.sort`` of packed keys per frame with exact tie handling
+(:mod:`lmgeom.metrics._rank`); frames run on two worker threads. Memory is bounded by blocking
+the Gram matrices over rows (~32 MB per block) and holding per worker one pair-distance vector
+and one key vector: about ``8 P (2 + 2 workers)`` bytes for P pairs (N = 10 000 exact:
+P = 5e7, ~2.4 GB with 2 workers; ``pairs=200_000``: ~10 MB whatever N).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from lmgeom.metrics._common import as_matrix, check_int, check_seed, config_error, data_error
+from lmgeom.metrics._engine import make_runner
+from lmgeom.metrics._pairs import (
+    ZERO_RTOL,
+    build_layout,
+    make_plan,
+    unique_rows,
+    unit_rows,
+    zero_rows_error,
+)
+from lmgeom.metrics.geometry import _top_directions, ccr as _ccr, iter_frames
+
+__all__ = ["PGAResult", "PC1Share", "subspace_pga", "pc1_readout_share"]
+
+_ORTHO_TOL = 1e-6
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A layer's states after validation, centring / CCR and duplicate detection."""
+
+    Xu: np.ndarray  # (n_unique, d) unique preprocessed rows
+    inv: np.ndarray | None  # (n,) row -> unique row, None if all distinct
+    n: int
+    d: int
+    scale_raw: float  # largest input row norm
+    scale: float  # largest preprocessed row norm
+
+    @property
+    def n_unique(self) -> int:
+        return int(self.Xu.shape[0])
+
+
+def prepare(X: Any, m: int, *, name: str = "X", label: str | None = None) -> Prepared:
+    """Validate, centre, remove m PCs, check for zero rows, group identical rows."""
+    A = as_matrix(X, name=name, label=label, min_rows=4)
+    n, d = A.shape
+    raw_norms = np.sqrt(np.einsum("ij,ij->i", A, A))
+    scale_raw = float(raw_norms.max())
+    if scale_raw == 0:
+        raise data_error(f"{name} is all zeros", label)
+    Xp = _ccr(A, m, label=label)
+    norms = np.sqrt(np.einsum("ij,ij->i", Xp, Xp))
+    bad = np.flatnonzero(~(norms > ZERO_RTOL * scale_raw))
+    if bad.size:
+        raise zero_rows_error(bad, n, f"in {name} after centring/CCR-{m}", label)
+    Xu, inv = unique_rows(Xp)
+    return Prepared(Xu=Xu, inv=inv, n=n, d=d, scale_raw=scale_raw, scale=float(norms.max()))
+
+
+def readout_projection(prep: Prepared, V: np.ndarray, plan: Any, layout: Any, *,
+                       what: str, label: str | None) -> tuple[np.ndarray, Any]:
+    """Unit rows of the readout projection, with rows that coincide there merged.
+
+    Distinct states can project onto exactly the same point of the readout subspace (when
+    they differ only outside it); those pairs then have distance exactly 0 and tie exactly,
+    as in the definition. (Random null frames separate distinct rows almost surely, so they
+    skip this check.)
+
+    Returns:
+        ``(Yu, layout)``: (n_unique', k) unit rows and the pair layout to use with them.
+    """
+    Y = prep.Xu @ V
+    Yu, inv_y = unique_rows(np.ascontiguousarray(Y))
+    if inv_y is not None:
+        inv = inv_y if prep.inv is None else inv_y[prep.inv]
+        layout = build_layout(plan, inv, Yu.shape[0], V.shape[1])
+        Yu = Yu.copy()
+    return unit_rows(Yu, scale=prep.scale, what=what, label=label), layout
+
+
+def check_basis(basis: Any, d: int, *, name: str = "basis", label: str | None = None) -> np.ndarray:
+    """Validate a (d, k) orthonormal basis with 0 < k < d."""
+    shape = tuple(getattr(basis, "shape", np.shape(basis)))
+    if len(shape) != 2:
+        raise config_error(f"{name} must be a (d, k) matrix; got shape {shape}", label)
+    if shape[0] != d:
+        raise config_error(
+            f"{name} has {shape[0]} rows but the states have d={d} columns; build it from "
+            "this model's W_U with readout_basis(W_U, k)",
+            label,
+        )
+    k = shape[1]
+    if k <= 0:
+        raise config_error(f"{name} has k={k} columns; k must be >= 1", label)
+    if k >= d:
+        raise config_error(
+            f"k={k} must be smaller than d={d} (k >= d makes the subspace the whole space)", label
+        )
+    V = as_matrix(basis, name=name, label=label)
+    err = float(np.max(np.abs(V.T @ V - np.eye(k))))
+    if err > _ORTHO_TOL:
+        raise config_error(
+            f"{name} columns are not orthonormal (max |V^T V - I| = {err:.2g}); use "
+            "readout_basis(W_U, k) or orthonormalise it (numpy.linalg.qr)",
+            label,
+        )
+    return V
+
+
+def check_common(n_null: Any, ccr: Any, pairs: Any, seed: Any, label: str | None) -> tuple:
+    n_null = check_int(n_null, name="n_null", minimum=2, label=label)
+    ccr = check_int(ccr, name="ccr", minimum=0, label=label)
+    if pairs is not None:
+        pairs = check_int(pairs, name="pairs", minimum=1, label=label)
+    return n_null, ccr, pairs, check_seed(seed, label=label)
+
+
+def null_summary(rho: float, null: np.ndarray, label: str | None) -> dict:
+    """z, null mean / std (ddof=1), empirical p-value and the null's 2.5/97.5 % band in z units."""
+    mean = float(null.mean())
+    std = float(null.std(ddof=1))
+    if not std > 0:
+        raise data_error(
+            "the null distribution is degenerate (all null correlations equal); z is undefined",
+            label,
+        )
+    lo, hi = np.percentile(null, [2.5, 97.5])
+    return {
+        "z": (rho - mean) / std,
+        "null_mean": mean,
+        "null_std": std,
+        "p_value": (1.0 + float(np.count_nonzero(null >= rho))) / (1.0 + null.size),
+        "null_z_low": (float(lo) - mean) / std,
+        "null_z_high": (float(hi) - mean) / std,
+    }
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, dtype=np.float64)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class PGAResult:
+    """Result of :func:`subspace_pga`.
+
+    Attributes:
+        z: PGA = (rho_readout - null_mean) / null_std.
+        rho_readout: Spearman(d_full, d_readout).
+        null_mean, null_std: mean and std (ddof = 1) of the null correlations.
+        null: (n_null,) null correlations, in draw order (read-only).
+        p_value: (1 + #{rho_b >= rho_readout}) / (1 + n_null).
+        null_z_low, null_z_high: the null's 2.5 / 97.5 percentiles in z units (a null band).
+        k, n_null, ccr, seed: settings used.
+        pairs: number of pairs used; exact: True when every pair i < j was used.
+        n, d: shape of X; n_unique: number of distinct rows after preprocessing.
+    """
+
+    z: float
+    rho_readout: float
+    null_mean: float
+    null_std: float
+    null: np.ndarray
+    p_value: float
+    null_z_low: float
+    null_z_high: float
+    k: int
+    n_null: int
+    ccr: int
+    pairs: int
+    exact: bool
+    seed: int
+    n: int
+    d: int
+    n_unique: int
+
+    def to_dict(self) -> dict:
+        """All scalar fields (the null draws excluded), e.g. for a results table row."""
+        out = asdict(self)
+        out.pop("null")
+        return out
+
+
+def subspace_pga(
+    X: Any,
+    basis: Any,
+    *,
+    n_null: int = 100,
+    ccr: int = 1,
+    pairs: int | None = None,
+    seed: int = 0,
+    device: Any = None,
+    workers: int | None = None,
+    label: str | None = None,
+) -> PGAResult:
+    """Subspace PGA of one layer's states against a readout basis (METHODS.md).
+
+    Args:
+        X: (N, d) states (numpy or torch), N >= 4.
+        basis: (d, k) orthonormal readout basis, 0 < k < d (:func:`readout_basis`).
+        n_null: number of random frames (>= 2). Frame b is the b-th draw of
+            :func:`~lmgeom.metrics.null_frames` for ``seed``.
+        ccr: CCR-m, principal components removed after centring (0 = centring only).
+        pairs: None -> every pair i < j (exact); an int -> one seeded sample of that many
+            distinct pairs (:func:`~lmgeom.metrics.sample_pairs`), the same for the readout
+            and every null; an int >= N(N-1)/2 means every pair.
+        seed: seeds the null frames (``default_rng(seed)``) and the pair sample.
+        device: None or "cpu" -> numpy on CPU; "cuda" (or any torch device) -> torch in
+            float64 on that device (z agrees with the CPU to ~1e-9).
+        workers: CPU worker threads (default: 2 when there are >= 2 cores and >= 131 072
+            pairs, else 1). Results do not depend on it beyond BLAS rounding.
+        label: prefix for error messages (e.g. "layer 12").
+
+    Returns:
+        :class:`PGAResult`.
+
+    Raises:
+        ConfigError: k >= d, k <= 0, n_null < 2, pairs < 1, ccr < 0 or >= the rank of X,
+            non-orthonormal basis, unusable device.
+        DataError: N < 4, NaN/Inf, rows of zero norm after preprocessing, all distances equal.
+    """
+    n_null, ccr, pairs, seed = check_common(n_null, ccr, pairs, seed, label)
+    prep = prepare(X, ccr, label=label)
+    V = check_basis(basis, prep.d, label=label)
+    k = V.shape[1]
+    plan = make_plan(prep.n, pairs, seed, label)
+    layout = build_layout(plan, prep.inv, prep.n_unique, k)
+    runner = make_runner(plan.n_pairs, device, workers, label)
+    Xu = prep.Xu
+    w = runner.main
+    d_full = w.distances(layout, w.project(Xu, None, scale=prep.scale_raw, what="in the full space"))
+    ref = w.reference(d_full, "in the full space")
+    y_read, lay_read = readout_projection(prep, V, plan, layout, what="in the readout subspace",
+                                          label=label)
+    rho = w.spearman(ref, w.distances(lay_read, w.asarray(y_read)), "in the readout subspace")
+
+    def job(worker: Any, frames: list[np.ndarray]) -> float:
+        Y = worker.project(Xu, frames[0], scale=prep.scale, what="in a null frame")
+        return worker.spearman(ref, worker.distances(layout, Y), "in a null frame")
+
+    rng = np.random.default_rng(seed)
+    null = np.asarray(runner.map(job, iter_frames(rng, [(prep.d, k)], n_null)))
+    s = null_summary(rho, null, label)
+    return PGAResult(
+        rho_readout=float(rho), null=_frozen(null), k=int(k), n_null=n_null, ccr=ccr,
+        pairs=int(plan.n_pairs), exact=plan.exact, seed=seed, n=prep.n, d=prep.d,
+        n_unique=prep.n_unique, **s,
+    )
+
+
+@dataclass(frozen=True)
+class PC1Share:
+    """Result of :func:`pc1_readout_share`.
+
+    Attributes:
+        share: ``||V_k^T u_1||^2`` for u_1 the top principal direction of the centred X.
+        baseline: k / d, the expected share of a random direction.
+        evr: PC1's explained-variance ratio (lambda_1 / sum lambda).
+        k, d, n: sizes.
+    """
+
+    share: float
+    baseline: float
+    evr: float
+    k: int
+    d: int
+    n: int
+
+
+def pc1_readout_share(X: Any, basis: Any, *, label: str | None = None) -> PC1Share:
+    """PC1 migration diagnostic: how much of the top principal direction lies in the readout.
+
+    Args:
+        X: (N, d) states, N >= 2 (centred here; no CCR).
+        basis: (d, k) orthonormal readout basis.
+        label: prefix for error messages.
+
+    Returns:
+        :class:`PC1Share`.
+    """
+    A = as_matrix(X, name="X", label=label, min_rows=2)
+    n, d = A.shape
+    V = check_basis(basis, d, label=label)
+    Xc = A - A.mean(axis=0)
+    total = float(np.einsum("ij,ij->", Xc, Xc))
+    if not total > 0:
+        raise data_error("X has zero variance (all rows identical); PC1 is undefined", label)
+    P, lam = _top_directions(Xc, 1)
+    u1 = P[0]
+    share = float(np.sum((V.T @ u1) ** 2))
+    k = V.shape[1]
+    return PC1Share(share=share, baseline=k / d, evr=float(lam[0]) / total, k=k, d=d, n=n)
