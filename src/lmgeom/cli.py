@@ -29,6 +29,11 @@ COMMANDS: tuple[str, ...] = (
     "clusters",
     "converge",
     "probe",
+    "suite",
+    "sweep",
+    "select",
+    "knnlm",
+    "train",
 )
 
 
