@@ -59,7 +59,7 @@ def test_sigkill_midway_then_resume_is_identical(tmp_path):
     (tmp_path / "cache" / "models").symlink_to((real / "models").resolve(), target_is_directory=True)
     (tmp_path / "cache" / "hashes").symlink_to((real / "hashes").resolve(), target_is_directory=True)
     cmd = [sys.executable, "-m", "lmgeom.cli", "extract", "--texts", str(corpus), "--n", "60",
-           "--batch-size", "4", "--layers", "all", "--out", str(tmp_path / "acts"), "--quiet"]
+           "--batch-size", "4", "--max-length", "48", "--layers", "all", "--out", str(tmp_path / "acts"), "--quiet"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     act_dir = tmp_path / "cache" / "activations"
     deadline = time.time() + 240
@@ -79,5 +79,5 @@ def test_sigkill_midway_then_resume_is_identical(tmp_path):
     resumed = load_activations(tmp_path / "acts")
     model = lmgeom.load_model("smollm2-135m")
     texts = lmgeom.load_texts(str(corpus))
-    clean = extract(model, texts, batch_size=4, cache=False)
+    clean = extract(model, texts, batch_size=4, max_length=48, cache=False)
     np.testing.assert_array_equal(resumed.states, clean.states)

@@ -156,6 +156,12 @@ def _from_pretrained(source, *, name, dtype, revision, trust_remote_code, device
         raise ModelError(_hub_message(name, exc)) from exc
     except ValueError as exc:
         raise ModelError(f"cannot read the config of {name}: {exc}") from exc
+    archs = list(getattr(config, "architectures", None) or [])
+    if archs and not any(("CausalLM" in a or "LMHead" in a) for a in archs):
+        raise ModelError(
+            f"model {name!r} ({', '.join(archs)}) has no causal-LM readout head: lmgeom needs a "
+            "decoder with W_U (an encoder such as BERT/MiniLM cannot be analysed)"
+        )
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, config=config, dtype=dtype, device_map=device_map, **kwargs
