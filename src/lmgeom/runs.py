@@ -41,6 +41,8 @@ def prepare_out_dir(out: str | Path, signature: str, *, overwrite: bool = False)
                 )
             shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.rglob(".*.tmp"):  # left by a killed writer; never read, safe to drop
+        stale.unlink(missing_ok=True)
     if not marker.is_file():
         write_json(marker, {"signature": signature})
     return out

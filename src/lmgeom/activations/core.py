@@ -30,6 +30,7 @@ import numpy as np
 
 from .._io import atomic_path, sha256_bytes, stable_hash, write_json
 from .._paths import cache_dir as _cache_root
+from .._testing import pause
 from ..errors import CacheError, ConfigError, DataError, TextsError
 
 log = logging.getLogger(__name__)
@@ -266,6 +267,12 @@ class _ShardCache:
         with atomic_path(self.path(i)) as tmp:
             save_file(tensors, str(tmp), metadata={"sha256": _digest(tensors)})
 
+    def drop_stale(self) -> None:
+        """Remove temporaries a killed writer left (call with the lock held)."""
+        if self.enabled:
+            for stale in self.dir.glob(".*.tmp"):
+                stale.unlink(missing_ok=True)
+
     def lock(self):
         import contextlib
 
@@ -374,6 +381,7 @@ def extract(
     n_computed = 0
     shards: list[dict[str, np.ndarray]] = []
     with store.lock():
+        store.drop_stale()
         bar = _progress(len(batches), f"extract {model.name}", progress)
         for bi, idx in enumerate(batches):
             got = store.get(bi)
@@ -381,6 +389,7 @@ def extract(
                 got = _run_batch(model, enc, idx, points, pooling, bos, sample_pos, dtype, torch)
                 store.put(bi, got)
                 n_computed += 1
+                pause("extract")
             shards.append(got)
             bar.update(1)
         bar.close()
@@ -567,6 +576,7 @@ def extract_tokens(
     batches = enc.batches(batch_size)
     where: dict[int, tuple[int, int]] = {}
     with store.lock():
+        store.drop_stale()
         bar = _progress(len(batches), f"tokens {model.name}", progress)
         for bi, idx in enumerate(batches):
             for j, t in enumerate(idx):

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._io import write_json
+from .._testing import pause
 from ..errors import ConfigError, LmgeomError
 from . import table
 
@@ -152,6 +153,7 @@ def run_layer_sweep(
             rows = layer_metrics(acts.states[i], basis, config, label)
             if cached is not None:
                 write_json(cached, rows)
+            pause("metrics")
         idx = model.point_index(label)
         for r in rows:
             all_rows.append(table.row(model=model.name, revision=revision, layer=label,

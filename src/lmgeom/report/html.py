@@ -40,6 +40,7 @@ import pandas as pd
 
 from .. import __version__
 from .._io import write_text
+from .._testing import pause
 from ..errors import ConfigError
 from . import plots as P
 from . import reading as R
@@ -495,6 +496,7 @@ def write_report(
         if rows.empty:
             continue
         paths = sec.plot(df, plots_dir)
+        pause("report")
         parts = [f'<section id="section-{esc(sec.key)}"><h2>{esc(sec.title)}</h2>',
                  f'<p class="intro">{esc(sec.intro)}</p>']
         if sec.describe is not None:
