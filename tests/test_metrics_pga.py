@@ -81,10 +81,30 @@ def test_exact_mode_matches_scipy_reference(data, m):
 def test_sampled_mode_matches_scipy_reference(data, pairs):
     X, V = data
     res = M.subspace_pga(X, V, n_null=12, ccr=1, pairs=pairs, seed=2)
-    z, rho, null = reference_pga(X, V, n_null=12, ccr=1, seed=2, pairs=pairs)
+    z, _rho, null = reference_pga(X, V, n_null=12, ccr=1, seed=2, pairs=pairs)
     assert not res.exact and res.pairs == pairs
     np.testing.assert_allclose(res.null, null, rtol=0, atol=1e-12)
     assert res.z == pytest.approx(z, abs=1e-9)
+
+
+def test_every_sampled_distance_path_agrees(data, monkeypatch):
+    from lmgeom.metrics import _pairs
+
+    X, V = data
+    Xd = X.copy()
+    Xd[5] = Xd[9]
+    ref = reference_pga(Xd, V, n_null=4, ccr=1, seed=6, pairs=400)
+    got = {}
+    for path in ("sddmm", "rowdot"):
+        if path == "rowdot":
+            monkeypatch.setattr(_pairs, "_sddmm_available", lambda: False)
+        plan = _pairs.make_plan(120, 400, 6)
+        assert _pairs.build_layout(plan, None, 120).kind == path
+        got[path] = M.subspace_pga(Xd, V, n_null=4, ccr=1, seed=6, pairs=400)
+        assert got[path].z == pytest.approx(ref[0], abs=1e-9)
+    monkeypatch.setattr(_pairs, "_GRAM_FACTOR", 10_000)  # force Gram blocks
+    gram = M.subspace_pga(Xd, V, n_null=4, ccr=1, seed=6, pairs=400)
+    assert gram.z == pytest.approx(ref[0], abs=1e-9)
 
 
 def test_ties_from_duplicate_rows_match_reference():
@@ -97,7 +117,7 @@ def test_ties_from_duplicate_rows_match_reference():
     V = np.linalg.qr(rng.standard_normal((12, 4)))[0]
     for pairs in (None, 700):
         res = M.subspace_pga(X, V, n_null=10, ccr=1, seed=1, pairs=pairs)
-        z, rho, null = reference_pga(X, V, n_null=10, ccr=1, seed=1, pairs=pairs)
+        z, rho, _null = reference_pga(X, V, n_null=10, ccr=1, seed=1, pairs=pairs)
         assert res.n_unique == 56
         assert res.rho_readout == pytest.approx(rho, abs=1e-12)
         assert res.z == pytest.approx(z, abs=1e-9)
@@ -112,7 +132,7 @@ def test_heavy_ties_in_projection_match_reference():
     X[:, 3:] = rng.standard_normal((48, 7)) * 0.5
     V = np.eye(10)[:, :3]
     res = M.subspace_pga(X, V, n_null=8, ccr=0, seed=4)
-    z, rho, null = reference_pga(X, V, n_null=8, ccr=0, seed=4)
+    z, rho, _null = reference_pga(X, V, n_null=8, ccr=0, seed=4)
     assert res.rho_readout == pytest.approx(rho, abs=1e-10)
     assert res.z == pytest.approx(z, abs=1e-8)
 

@@ -176,11 +176,11 @@ def test_trust_remote_code_is_off_unless_asked(tiny_dir, monkeypatch, caplog):
 def test_report_escapes_user_text(tiny_dir, tmp_path):
     p = tmp_path / "evil.jsonl"
     evil = "<script>alert('x')</script>"
-    rows = [{"text": f"{evil} {t}", "label": ["<b>a</b>", evil][i % 2]} for i, t in enumerate(CORPUS[:16])]
+    rows = [{"text": f"{evil} {t} item {i} " + "ab" * i, "label": ["<b>a</b>", evil][i % 2]} for i, t in enumerate(CORPUS[:16])]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "r"
     assert main(["analyze", "--model", str(tiny_dir("llama")), "--texts", str(p), "--k", "4",
-                 "--n-null", "5", "--ccr", "1", "--quiet", "--out", str(out)]) == 0
+                 "--n-null", "5", "--ccr", "1", "--pooling", "mean", "--quiet", "--out", str(out)]) == 0
     html = (out / "report.html").read_text()
     assert "<script>" not in html and "<b>a</b>" not in html
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -198,7 +199,7 @@ def make_chunks(
         toks = np.concatenate([b, toks], axis=1)
     return Chunks(tokens=np.ascontiguousarray(toks), index=idx.astype(np.int64),
                   start=(idx * chunk_len).astype(np.int64), n_available=int(n_avail),
-                  n_document_tokens=int(len(doc)), chunk_len=int(chunk_len), bos=use_bos,
+                  n_document_tokens=len(doc), chunk_len=int(chunk_len), bos=use_bos,
                   separator=sep)
 
 
@@ -394,7 +395,7 @@ def correlation_rows(meas: ChunkMeasurements, config: DispersionConfig, *,
     s_group = f"texts={t};level=group;g={config.group_size}"
     n = len(meas.perplexity)
     seed = config.seed
-    gd, gp, gid = group_means(meas.dispersion, meas.perplexity, config.group_size,
+    gd, gp, _ = group_means(meas.dispersion, meas.perplexity, config.group_size,
                               config.max_groups)
     n_groups = len(gp)
     rows: list[dict[str, Any]] = []
@@ -435,45 +436,63 @@ def config_dict(config: DispersionConfig) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- plots
+def scatter_layers(m: ChunkMeasurements, layers: Sequence[str] | None = None) -> list[str]:
+    """Layers drawn in the scatter: the given ones that were measured, else the last block
+    ``L`` (pre-norm) and ``final`` (post-norm) when measured, else the last requested."""
+    if layers:
+        got = [lab for lab in layers if lab in m.layers]
+        if got:
+            return got
+    got = [lab for lab in (str(m.n_blocks), "final") if lab in m.layers]
+    return got or [m.layers[-1]]
+
+
 def plot_scatter(measurements: list[ChunkMeasurements], config: DispersionConfig, out_dir,
-                 stem: str = "dispersion_scatter", layer: str | None = None) -> list:
-    """Dispersion vs perplexity at one layer (default: the last requested one): chunk-level
-    points and perplexity-sorted group means, one panel per model × corpus."""
+                 stem: str = "dispersion_scatter", layers: Sequence[str] | None = None) -> list:
+    """Dispersion vs perplexity at the last layer(s) (:func:`scatter_layers`): chunk-level
+    points and perplexity-sorted group means; one row per model × corpus, one panel per layer."""
     if not measurements:
         return []
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     from ..report.plots import save_figure
 
-    k = len(measurements)
-    cols = min(k, 3)
-    rws = math.ceil(k / cols)
-    fig, axes = plt.subplots(rws, cols, figsize=(4.2 * cols, 3.4 * rws), squeeze=False)
-    for ax, m in zip(axes.flat, measurements):
-        lab = layer if layer in m.layers else m.layers[-1]
-        li = m.layers.index(lab)
-        ax.scatter(m.perplexity, m.dispersion[li], s=6, alpha=0.35, color="#1f77b4",
-                   label=f"chunks (n={len(m.perplexity)})")
-        gd, gp, _ = group_means(m.dispersion[li], m.perplexity, config.group_size,
-                                config.max_groups)
-        if len(gp):
-            ax.plot(gp, gd, "o-", ms=3.5, lw=1.0, color="#d62728",
-                    label=f"group means (g={config.group_size}, {len(gp)} groups)")
-        lo_p, hi_p = np.nanmin(m.perplexity), np.nanmax(m.perplexity)
-        if lo_p > 0 and hi_p / lo_p > 5:
-            ax.set_xscale("log")
-            ax.set_xlabel("perplexity (log scale)")
-        else:
-            ax.set_xlabel("perplexity")
-        ax.set_ylabel(f"dispersion, layer {lab}")
-        ax.set_title(f"{m.model} — {m.texts}", fontsize=9)
-        ax.legend(fontsize=7, loc="best")
-        ax.grid(alpha=0.25)
-    for ax in list(axes.flat)[k:]:
-        ax.set_visible(False)
+    per = [scatter_layers(m, layers) for m in measurements]
+    cols = max(len(p) for p in per)
+    rws = len(measurements)
+    fig, axes = plt.subplots(rws, cols, figsize=(4.3 * cols, 3.3 * rws), squeeze=False)
+    for r, (m, labs) in enumerate(zip(measurements, per)):
+        for c in range(cols):
+            ax = axes[r, c]
+            if c >= len(labs):
+                ax.set_visible(False)
+                continue
+            lab = labs[c]
+            li = m.layers.index(lab)
+            ax.scatter(m.perplexity, m.dispersion[li], s=6, alpha=0.35, color="#1f77b4",
+                       label=f"chunks (n={len(m.perplexity)})")
+            gd, gp, _ = group_means(m.dispersion[li], m.perplexity, config.group_size,
+                                    config.max_groups)
+            if len(gp):
+                ax.plot(gp, gd, "o-", ms=3.5, lw=1.0, color="#d62728",
+                        label=f"group means (g={config.group_size}, {len(gp)} groups)")
+            lo_p, hi_p = np.nanmin(m.perplexity), np.nanmax(m.perplexity)
+            if lo_p > 0 and hi_p / lo_p > 5:
+                ax.set_xscale("log")
+                ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.xaxis.set_minor_formatter(NullFormatter())
+                ax.set_xlabel("perplexity (log scale)")
+            else:
+                ax.set_xlabel("perplexity")
+            ax.set_ylabel(f"dispersion, layer {lab}")
+            ax.set_title(f"{m.model} — {m.texts} — layer {lab}", fontsize=8.5)
+            ax.legend(fontsize=7, loc="best")
+            ax.grid(alpha=0.25)
     fig.suptitle(f"Dispersion vs perplexity ({config.chunk_len}-token chunks)", fontsize=10.5)
     fig.tight_layout()
     paths = save_figure(fig, out_dir, stem)

@@ -111,7 +111,7 @@ def quantile_overlap(dispersion: np.ndarray, perplexity: np.ndarray, quantile: f
     n = len(d)
     if n < 2:
         raise DataError(f"need at least 2 texts to rank, got {n}")
-    k = max(1, int(round(quantile * n)))
+    k = max(1, round(quantile * n))
     top_ppl = np.zeros(n, dtype=bool)
     top_ppl[np.argsort(-p, kind="stable")[:k]] = True
     low_disp = np.argsort(d, kind="stable")[:k]

@@ -7,6 +7,7 @@ from .perplexity import (
     TextPerplexity,
     default_position_chunk,
     forward_chunks,
+    model_context,
     perplexity,
     sliding_windows,
 )
@@ -19,6 +20,13 @@ __all__ = [
     "default_position_chunk",
     "forward_chunks",
     "logit_lens",
+    "model_context",
     "perplexity",
     "sliding_windows",
 ]
+
+# kNN-LM (FAISS is imported on first use, not here)
+from . import knnlm
+from .knnlm import Datastore, IndexSpec, KnnEval, build_datastores
+
+__all__ += ["Datastore", "IndexSpec", "KnnEval", "build_datastores", "knnlm"]

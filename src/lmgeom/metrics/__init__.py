@@ -42,40 +42,40 @@ from lmgeom.metrics.uncertainty import (
 )
 
 __all__ = [
+    "AlignmentResult",
+    "BootstrapResult",
+    "CorrelationResult",
+    "DispersionGap",
+    "PC1Share",
+    "PGAResult",
+    "ProbeResult",
+    "alpha_req",
+    # uncertainty
+    "bootstrap_ci",
+    "ccr",
     # geometry
     "center",
-    "ccr",
-    "readout_basis",
-    "null_frames",
-    "random_frame",
-    "sample_pairs",
-    # PGA and diagnostics
-    "subspace_pga",
-    "PGAResult",
-    "pc1_readout_share",
-    "PC1Share",
-    "cross_model_alignment",
-    "AlignmentResult",
-    # spectral
-    "singular_values",
-    "rankme",
-    "alpha_req",
-    "isoscore",
-    "mean_cosine",
     "condition_number",
-    "spectral_summary",
+    "correlation_with_ci",
+    "cross_model_alignment",
     # dispersion
     "dispersion",
     "dispersion_between",
     "dispersion_gap",
     "dispersion_gap_states",
-    "DispersionGap",
-    # uncertainty
-    "bootstrap_ci",
-    "correlation_with_ci",
-    "BootstrapResult",
-    "CorrelationResult",
+    "isoscore",
+    "mean_cosine",
+    "null_frames",
+    "pc1_readout_share",
     # probes
     "probe_accuracy",
-    "ProbeResult",
+    "random_frame",
+    "rankme",
+    "readout_basis",
+    "sample_pairs",
+    # spectral
+    "singular_values",
+    "spectral_summary",
+    # PGA and diagnostics
+    "subspace_pga",
 ]

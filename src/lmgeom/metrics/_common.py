@@ -15,14 +15,15 @@ import numpy as np
 from lmgeom.errors import ConfigError, DataError
 
 __all__ = [
-    "config_error",
-    "data_error",
-    "is_torch",
-    "to_numpy",
     "as_matrix",
     "check_finite",
     "check_int",
     "check_seed",
+    "config_error",
+    "data_error",
+    "is_torch",
+    "pow2_normalise",
+    "to_numpy",
 ]
 
 
@@ -65,7 +66,7 @@ def to_numpy(x: Any, *, name: str = "array", label: str | None = None) -> np.nda
         return np.asarray(t.cpu().numpy(), dtype=np.float64)
     try:
         arr = np.asarray(x)
-    except Exception as exc:  # pragma: no cover - exotic inputs
+    except Exception as exc:  # noqa: BLE001  # pragma: no cover - exotic inputs
         raise data_error(f"{name} cannot be converted to an array: {exc}", label) from None
     if arr.dtype.kind == "c":
         raise data_error(f"{name} is complex ({arr.dtype}); pass real values", label)
@@ -122,6 +123,18 @@ def as_matrix(x: Any, *, name: str = "X", label: str | None = None,
     arr = np.ascontiguousarray(arr)
     check_finite(arr, name=name, label=label, source_dtype=src)
     return arr
+
+
+def pow2_normalise(a: np.ndarray) -> np.ndarray:
+    """Scale by a power of two so that max |a| is in [0.5, 1): exact (every ratio, cosine and
+    rank is unchanged bit for bit) and safe from overflow in squares and Gram matrices."""
+    top = float(np.max(np.abs(a))) if a.size else 0.0
+    if top == 0.0 or not np.isfinite(top):
+        return a
+    _, e = np.frexp(top)
+    if e == 0:
+        return a
+    return np.ldexp(a, -int(e))
 
 
 def check_int(value: Any, *, name: str, minimum: int | None = None,

@@ -12,31 +12,33 @@ expanded, and pairs of identical rows get distance exactly 0 in every space.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from lmgeom.metrics._common import check_int, check_seed, config_error, data_error
+from lmgeom.metrics._common import check_int, check_seed, data_error
 from lmgeom.metrics.geometry import ZERO_RTOL, duplicate_groups
 
 __all__ = [
-    "PairPlan",
+    "ZERO_RTOL",
     "Layout",
+    "PairPlan",
+    "build_layout",
     "make_plan",
+    "pair_distances",
     "sample_pairs",
     "unique_rows",
-    "build_layout",
-    "pair_distances",
     "unit_rows",
-    "ZERO_RTOL",
     "zero_rows_error",
 ]
 
 
 #: Gram-matrix elements per block (float64): 4M elements = 32 MB.
 _BLOCK_ELEMS = 1 << 22
-#: Sampled mode uses full Gram blocks when n_unique^2 <= _GRAM_FACTOR * pairs, else row dots.
+#: Sampled mode uses Gram blocks when n_unique^2 <= _GRAM_FACTOR * pairs, else per-pair dot
+#: products (torch's sampled dense-dense matmul, or numpy row dots): cost O(pairs * k).
 _GRAM_FACTOR = 10
 _ROWDOT_CHUNK = 4096
 
@@ -115,7 +117,7 @@ class _Block:
 class Layout:
     """How to compute one model's distance vector for a :class:`PairPlan`."""
 
-    kind: str  # "tri" | "tri_dup" | "gram" | "rowdot"
+    kind: str  # "tri" | "tri_dup" (exact) | "gram" | "sddmm" | "rowdot" (sampled)
     n: int
     n_unique: int
     n_pairs: int
@@ -189,7 +191,7 @@ def build_layout(plan: PairPlan, inv: np.ndarray | None, n_unique: int, k_hint: 
     same = np.flatnonzero(a[expand] == b[expand]) if expand is not None else np.flatnonzero(a == b)
     M = plan.n_pairs
     L = int(a.size)
-    common = dict(a=a, b=b, expand=expand, same=same)
+    common = {"a": a, "b": b, "expand": expand, "same": same}
     if n_unique * n_unique <= _GRAM_FACTOR * L:
         B = _block_rows(n_unique)
         bounds = np.searchsorted(a, np.arange(0, n_unique + B, B))
@@ -206,33 +208,27 @@ def build_layout(plan: PairPlan, inv: np.ndarray | None, n_unique: int, k_hint: 
                   **common)
 
 
-_SDDMM_OK: list[bool] = []
-
-
+@functools.lru_cache(maxsize=1)
 def _sddmm_available() -> bool:
-    """torch.sparse.sampled_addmm on CPU (float64), probed once: a pair-list Gram in O(M k)."""
-    if not _SDDMM_OK:
-        ok = False
-        try:
-            import warnings
+    """Whether torch.sparse.sampled_addmm works on CPU in float64 (a pair-list Gram in O(M k));
+    probed once per process. Without it the numpy row-dot path is used."""
+    try:
+        import warnings
 
-            import torch
+        import torch
 
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                Y = torch.arange(6, dtype=torch.float64).reshape(3, 2)
-                S = torch.sparse_csr_tensor(
-                    torch.tensor([0, 0, 1, 3]), torch.tensor([0, 0, 1]),
-                    torch.zeros(3, dtype=torch.float64), size=(3, 3),
-                )
-                v = torch.sparse.sampled_addmm(S, Y, Y.T, beta=0.0).values().numpy()
-                Yn = Y.numpy()
-                want = [Yn[1] @ Yn[0], Yn[2] @ Yn[0], Yn[2] @ Yn[1]]
-                ok = bool(np.allclose(v, want))
-        except Exception:  # pragma: no cover - depends on the torch build
-            ok = False
-        _SDDMM_OK.append(ok)
-    return _SDDMM_OK[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            Y = torch.arange(6, dtype=torch.float64).reshape(3, 2)
+            S = torch.sparse_csr_tensor(
+                torch.tensor([0, 0, 1, 3]), torch.tensor([0, 0, 1]),
+                torch.zeros(3, dtype=torch.float64), size=(3, 3),
+            )
+            v = torch.sparse.sampled_addmm(S, Y, Y.T, beta=0.0).values().numpy()
+        Yn = Y.numpy()
+        return bool(np.allclose(v, [Yn[1] @ Yn[0], Yn[2] @ Yn[0], Yn[2] @ Yn[1]]))
+    except Exception:  # noqa: BLE001  # pragma: no cover - any failure: use the numpy path
+        return False
 
 
 def unit_rows(Y: np.ndarray, *, scale: float, what: str, label: str | None = None) -> np.ndarray:
@@ -349,10 +345,3 @@ def _sddmm(layout: Layout, Yu: np.ndarray, out: np.ndarray) -> None:
         warnings.simplefilter("ignore")
         v = torch.sparse.sampled_addmm(S, Yt, Yt.T, beta=0.0).values()
     out[:] = v.numpy()
-
-
-def check_pairs_option(pairs: Any, label: str | None) -> None:
-    if pairs is not None:
-        check_int(pairs, name="pairs", minimum=1, label=label)
-        if int(pairs) < 1:  # pragma: no cover - check_int already raised
-            raise config_error("pairs must be >= 1", label)

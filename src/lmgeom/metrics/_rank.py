@@ -19,11 +19,11 @@ sums are accumulated in float64 in chunks and combined with ``math.fsum``.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["Sorter", "RankReference", "spearman_to_reference", "ConstantVectorError"]
+__all__ = ["ConstantVectorError", "RankReference", "Sorter", "spearman_to_reference"]
 
 _CHUNK = 1 << 18
 

@@ -20,14 +20,21 @@ from typing import Any
 
 import numpy as np
 
-from lmgeom.metrics._common import as_matrix, config_error, data_error, is_torch, to_numpy
+from lmgeom.metrics._common import (
+    as_matrix,
+    config_error,
+    data_error,
+    is_torch,
+    pow2_normalise,
+    to_numpy,
+)
 
 __all__ = [
+    "DispersionGap",
     "dispersion",
     "dispersion_between",
     "dispersion_gap",
     "dispersion_gap_states",
-    "DispersionGap",
 ]
 
 
@@ -92,7 +99,7 @@ def _zero_error(name: str, bad: np.ndarray, n: int, label: str | None) -> Except
 
 
 def _check_numpy(H: Any, name: str, label: str | None, min_rows: int) -> np.ndarray:
-    A = as_matrix(H, name=name, label=label, min_rows=min_rows)
+    A = pow2_normalise(as_matrix(H, name=name, label=label, min_rows=min_rows))
     norms = np.sqrt(np.einsum("ij,ij->i", A, A))
     bad = np.flatnonzero(norms == 0)
     if bad.size:

@@ -18,7 +18,8 @@ guarantee that on its own), so that duplicate texts give exact distance ties dow
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import scipy.linalg
@@ -35,14 +36,14 @@ from lmgeom.metrics._common import (
 )
 
 __all__ = [
-    "center",
-    "ccr",
-    "readout_basis",
-    "null_frames",
-    "random_frame",
-    "duplicate_groups",
     "RANK_RTOL",
     "ZERO_RTOL",
+    "ccr",
+    "center",
+    "duplicate_groups",
+    "null_frames",
+    "random_frame",
+    "readout_basis",
 ]
 
 #: Relative tolerance on singular values below which a direction counts as numerically absent
@@ -73,16 +74,19 @@ def center(X: Any, *, label: str | None = None) -> np.ndarray:
 def _top_eigh(C: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-q eigenpairs of a symmetric PSD matrix, descending."""
     n = C.shape[0]
-    w, V = scipy.linalg.eigh(C, subset_by_index=[n - q, n - 1])
+    w, V = scipy.linalg.eigh(C, subset_by_index=[n - q, n - 1], driver="evx")
     return w[::-1].copy(), V[:, ::-1].copy()
 
 
 def _top_directions(Xc: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-q principal directions of a centred matrix.
 
+    From the dense float64 eigendecomposition (LAPACK ``syevx``, top q pairs only) of the
+    smaller of the d x d and n x n Gram matrices.
+
     Returns:
         ``(P, lam)``: P (q, d) with orthonormal rows, lam (q,) = squared singular values,
-        descending. Uses the smaller of the d x d and n x n Gram matrices in float64.
+        descending.
     """
     n, d = Xc.shape
     if d <= n:
@@ -161,8 +165,11 @@ def ccr(X: Any, m: int = 1, *, label: str | None = None) -> np.ndarray:
         ConfigError: m < 0, or m >= the numerical rank of the centred X (nothing would be left).
         DataError: non-finite values, or fewer than 2 rows.
     """
-    A = as_matrix(X, name="X", label=label, min_rows=2)
+    A0 = as_matrix(X, name="X", label=label, min_rows=2)
     m = check_int(m, name="ccr (number of components removed)", minimum=0, label=label)
+    top = float(np.max(np.abs(A0)))
+    e = int(np.frexp(top)[1]) if top > 0 else 0
+    A = np.ldexp(A0, -e) if e else A0  # exact power-of-two scaling: no overflow in Gram
     n, d = A.shape
     Xc = A - A.mean(axis=0)
     scale = float(np.max(np.abs(A)))
@@ -191,7 +198,8 @@ def ccr(X: Any, m: int = 1, *, label: str | None = None) -> np.ndarray:
             )
         Pm = P[:m]
         Xc -= (Xc @ Pm.T) @ Pm
-    return _canonicalise(Xc, duplicate_groups(A))
+    out = _canonicalise(Xc, duplicate_groups(A))
+    return np.ldexp(out, e) if e else out
 
 
 def _rows_float64(W: Any, r0: int, r1: int) -> np.ndarray:
@@ -241,13 +249,23 @@ def readout_basis(W_U: Any, k: int = 100, *, gain: Any = None,
         if g.shape != (d,):
             raise data_error(f"gain must have shape ({d},); got {tuple(g.shape)}", label)
         check_finite(g, name="gain", label=label)
-    C = np.zeros((d, d))
     step = max(1, (1 << 22) // d)
+    top = 0.0  # first pass: finiteness and the scale (so the Gram matrix cannot overflow)
     for r0 in range(0, V, step):
         rows = _rows_float64(W_U, r0, min(V, r0 + step))
         check_finite(rows, name=f"W_U rows {r0}..{r0 + rows.shape[0] - 1}", label=label)
         if g is not None:
             rows = rows * g
+        top = max(top, float(np.max(np.abs(rows))) if rows.size else 0.0)
+    if top == 0.0:
+        raise data_error("W_U is all zeros; cannot build a readout basis", label)
+    e = int(np.frexp(top)[1]) + int(np.ceil(np.log2(max(V, 1)))) // 2 + 1
+    C = np.zeros((d, d))
+    for r0 in range(0, V, step):
+        rows = _rows_float64(W_U, r0, min(V, r0 + step))
+        if g is not None:
+            rows = rows * g
+        rows = np.ldexp(rows, -e)
         C += rows.T @ rows
     lam, Vk = _top_eigh(C, k)
     if lam[0] <= 0:
@@ -264,7 +282,7 @@ def _blas_controller() -> Any:
         from threadpoolctl import ThreadpoolController
 
         return ThreadpoolController()
-    except Exception:  # pragma: no cover - threadpoolctl missing or broken
+    except Exception:  # noqa: BLE001  # pragma: no cover - threadpoolctl missing or broken
         return None
 
 

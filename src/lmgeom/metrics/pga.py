@@ -21,7 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from lmgeom.metrics._common import as_matrix, check_int, check_seed, config_error, data_error
+from lmgeom.metrics._common import (
+    as_matrix,
+    check_int,
+    check_seed,
+    config_error,
+    data_error,
+    pow2_normalise,
+)
 from lmgeom.metrics._engine import make_runner
 from lmgeom.metrics._pairs import (
     ZERO_RTOL,
@@ -31,9 +38,10 @@ from lmgeom.metrics._pairs import (
     unit_rows,
     zero_rows_error,
 )
-from lmgeom.metrics.geometry import _top_directions, ccr as _ccr, iter_frames
+from lmgeom.metrics.geometry import _top_directions, iter_frames
+from lmgeom.metrics.geometry import ccr as _ccr
 
-__all__ = ["PGAResult", "PC1Share", "subspace_pga", "pc1_readout_share"]
+__all__ = ["PC1Share", "PGAResult", "pc1_readout_share", "subspace_pga"]
 
 _ORTHO_TOL = 1e-6
 
@@ -56,7 +64,7 @@ class Prepared:
 
 def prepare(X: Any, m: int, *, name: str = "X", label: str | None = None) -> Prepared:
     """Validate, centre, remove m PCs, check for zero rows, group identical rows."""
-    A = as_matrix(X, name=name, label=label, min_rows=4)
+    A = pow2_normalise(as_matrix(X, name=name, label=label, min_rows=4))
     n, d = A.shape
     raw_norms = np.sqrt(np.einsum("ij,ij->i", A, A))
     scale_raw = float(raw_norms.max())
@@ -108,7 +116,9 @@ def check_basis(basis: Any, d: int, *, name: str = "basis", label: str | None = 
         raise config_error(f"{name} has k={k} columns; k must be >= 1", label)
     if k >= d:
         raise config_error(
-            f"k={k} must be smaller than d={d} (k >= d makes the subspace the whole space)", label
+            f"{name} has k={k} columns but k must be smaller than d={d} (k >= d makes the "
+            "subspace the whole space); use e.g. k=100 for d >= 256",
+            label,
         )
     V = as_matrix(basis, name=name, label=label)
     err = float(np.max(np.abs(V.T @ V - np.eye(k))))
@@ -222,8 +232,9 @@ def subspace_pga(
         seed: seeds the null frames (``default_rng(seed)``) and the pair sample.
         device: None or "cpu" -> numpy on CPU; "cuda" (or any torch device) -> torch in
             float64 on that device (z agrees with the CPU to ~1e-9).
-        workers: CPU worker threads (default: 2 when there are >= 2 cores and >= 131 072
-            pairs, else 1). Results do not depend on it beyond BLAS rounding.
+        workers: CPU worker threads for the null frames (default: 2 when there are >= 2
+            cores and >= 20 000 pairs, else 1; ignored on torch devices). Results do not
+            depend on it.
         label: prefix for error messages (e.g. "layer 12").
 
     Returns:
@@ -293,7 +304,7 @@ def pc1_readout_share(X: Any, basis: Any, *, label: str | None = None) -> PC1Sha
     Returns:
         :class:`PC1Share`.
     """
-    A = as_matrix(X, name="X", label=label, min_rows=2)
+    A = pow2_normalise(as_matrix(X, name="X", label=label, min_rows=2))
     n, d = A.shape
     V = check_basis(basis, d, label=label)
     Xc = A - A.mean(axis=0)

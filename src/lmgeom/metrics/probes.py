@@ -89,11 +89,12 @@ def probe_accuracy(
             label,
         )
     classes, counts = np.unique(labels, return_counts=True)
+    names = [c.item() if hasattr(c, "item") else c for c in classes]
     if classes.size < 2:
         raise data_error(
-            f"y has a single class ({classes[0]!r}); a probe needs at least 2 classes", label
+            f"y has a single class ({names[0]!r}); a probe needs at least 2 classes", label
         )
-    small = [(c, int(k)) for c, k in zip(classes, counts) if k < folds]
+    small = [(c, int(k)) for c, k in zip(names, counts) if k < folds]
     if small:
         desc = ", ".join(f"{c!r}: {k}" for c, k in small[:5])
         raise data_error(

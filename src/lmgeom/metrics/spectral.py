@@ -17,22 +17,22 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from lmgeom.metrics._common import as_matrix, config_error, data_error
+from lmgeom.metrics._common import as_matrix, config_error, data_error, pow2_normalise
 from lmgeom.metrics.dispersion import _mean_cosine_numpy
 
 __all__ = [
-    "singular_values",
-    "rankme",
     "alpha_req",
+    "condition_number",
     "isoscore",
     "mean_cosine",
-    "condition_number",
+    "rankme",
+    "singular_values",
     "spectral_summary",
 ]
 
 
 def _centred(X: Any, label: str | None) -> np.ndarray:
-    A = as_matrix(X, name="X", label=label, min_rows=2)
+    A = pow2_normalise(as_matrix(X, name="X", label=label, min_rows=2))
     return A - A.mean(axis=0)
 
 
@@ -46,7 +46,11 @@ def _svdvals(Xc: np.ndarray) -> np.ndarray:
 
 def singular_values(X: Any, *, label: str | None = None) -> np.ndarray:
     """Singular values of the centred X, descending, shape (min(N, d),)."""
-    return _svdvals(_centred(X, label))
+    A = as_matrix(X, name="X", label=label, min_rows=2)
+    top = float(np.max(np.abs(A)))
+    B = pow2_normalise(A)
+    factor = top / float(np.max(np.abs(B))) if top > 0 else 1.0
+    return _svdvals(B - B.mean(axis=0)) * factor
 
 
 def _default_rtol(shape: tuple[int, int]) -> float:
@@ -79,7 +83,7 @@ def rankme(X: Any, eps: float = 1e-7, *, label: str | None = None) -> float:
     """
     if not (isinstance(eps, (int, float)) and eps >= 0):
         raise config_error(f"eps must be a number >= 0; got {eps!r}", label)
-    return _rankme(singular_values(X, label=label), float(eps), label)
+    return _rankme(_svdvals(_centred(X, label)), float(eps), label)
 
 
 def _alpha_range(r: int, rank_range: Any, label: str | None) -> tuple[int, int]:
@@ -201,7 +205,7 @@ def spectral_summary(X: Any, *, eps: float = 1e-7, rank_range: tuple[int, int] |
         ``condition_number``, plus ``alpha_rank_lo`` / ``alpha_rank_hi`` (the fit range used)
         and ``numerical_rank``.
     """
-    A = as_matrix(X, name="X", label=label, min_rows=2)
+    A = pow2_normalise(as_matrix(X, name="X", label=label, min_rows=2))
     Xc = A - A.mean(axis=0)
     s = _svdvals(Xc)
     tol = _default_rtol(A.shape) if rtol is None else rtol

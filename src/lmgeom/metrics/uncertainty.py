@@ -9,8 +9,9 @@ resample for a correlation) are dropped and counted in ``n_valid``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import scipy.stats
