@@ -1,0 +1,515 @@
+"""Perplexity without the ``B×T×V`` logits, and the one forward pass that serves both
+perplexity and hidden-state reductions.
+
+Definitions (METHODS.md, "Perplexity"):
+
+* a text's perplexity is ``exp(mean NLL of tokens 2..T)`` of its model input (the tokenizer's
+  special tokens included: when it prepends a BOS, BOS is token 1 and every real token is
+  scored; the first token has no context and is never scored);
+* the corpus figure is ``exp(Σ NLL / Σ n_predicted)`` over every scored token of every text
+  (token-weighted), next to the plain mean and median of the per-text values;
+* sliding-window mode (``stride``) for texts longer than ``max_length``: windows of at most
+  ``max_length`` tokens start every ``stride`` tokens; each window scores only the tokens the
+  previous window did not reach, so every token 2..T is scored exactly once, with the most
+  context the window allows (the Hugging Face "perplexity of fixed-length models" recipe).
+
+Memory: the readout is never applied to all positions at once. :func:`forward_chunks` captures
+the post-norm ``final`` states with :meth:`LanguageModel.capture`, gathers the states of the
+scored positions and applies :meth:`LanguageModel.readout` to ``position_chunk`` of them at a
+time, keeping only ``logsumexp(logits) - logits[target]`` (float64 accumulation). Peak extra
+memory is ``position_chunk × V`` floats instead of ``B × T × V``.
+
+Batches are right-padded; under the causal mask pad tokens never influence a real token, and
+pad positions are neither scored nor reduced, so a text's value does not depend on what it is
+batched with.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._io import sha256_bytes, stable_hash
+from ..errors import ConfigError, DataError, TextsError
+
+log = logging.getLogger(__name__)
+
+#: Bump when a change here changes the numbers produced (part of cache keys).
+FORWARD_VERSION = "1"
+#: Default budget for one readout chunk: this many float32 logits (64 MiB).
+LOGIT_BUDGET = 1 << 24
+
+Reducer = Callable[[Any, Any], Any]
+"""``reducer(h, mask) -> (B, ...)``: ``h`` is one point's ``(B, T, d)`` states (model dtype),
+``mask`` a ``(B, T)`` bool tensor of the positions to reduce over (non-pad positions at or
+after ``reduce_from``). Returns a torch tensor or numpy array with one entry per row."""
+
+
+def model_context(model) -> int | None:
+    """The model's maximum sequence length from its config (None when it does not say)."""
+    cfg = model.hf_model.config
+    for name in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def default_position_chunk(vocab_size: int) -> int:
+    """Positions per readout chunk so one chunk's float32 logits stay within 64 MiB
+    (64 positions for a 262k vocabulary, 341 for 49k), capped at 1024."""
+    return int(max(1, min(1024, LOGIT_BUDGET // max(1, int(vocab_size)))))
+
+
+# ---------------------------------------------------------------------- forward_chunks
+@dataclass
+class ForwardResult:
+    """What one pass of :func:`forward_chunks` produced, in the order of the input rows.
+
+    Attributes:
+        nll_sum: ``(N,)`` float64, summed NLL (nats) of the scored tokens of each row
+            (zeros when ``nll=False``).
+        n_predicted: ``(N,)`` int64, tokens scored per row.
+        reduced: ``reduced[name][point]`` is the ``(N, ...)`` float32 output of reducer
+            ``name`` at ``point``.
+        n_tokens: ``(N,)`` row lengths (tokens fed to the model).
+        key: the cache key ("" without cache).
+        batches_computed / batches_cached: how much work the cache saved.
+    """
+
+    nll_sum: np.ndarray
+    n_predicted: np.ndarray
+    reduced: dict[str, dict[str, np.ndarray]]
+    n_tokens: np.ndarray
+    key: str = ""
+    batches_computed: int = 0
+    batches_cached: int = 0
+
+    @property
+    def mean_nll(self) -> np.ndarray:
+        """``(N,)`` mean NLL per scored token (NaN where nothing was scored)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.n_predicted > 0, self.nll_sum / np.maximum(self.n_predicted, 1),
+                            np.nan)
+
+    @property
+    def perplexity(self) -> np.ndarray:
+        """``(N,)`` ``exp(mean NLL)`` per row."""
+        return np.exp(self.mean_nll)
+
+
+def _as_rows(token_chunks) -> list[np.ndarray]:
+    if isinstance(token_chunks, np.ndarray) and token_chunks.ndim == 2:
+        rows = [np.asarray(r, dtype=np.int64) for r in token_chunks]
+    else:
+        try:
+            rows = [np.asarray(r, dtype=np.int64).reshape(-1) for r in token_chunks]
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"token_chunks must be an (N, T) int array or a list of 1-D int "
+                              f"arrays: {exc}") from exc
+    if not rows:
+        raise TextsError("no token chunks to run: the corpus is empty or shorter than one chunk")
+    if any(len(r) == 0 for r in rows):
+        raise TextsError("a token chunk is empty; every row needs at least one token")
+    return rows
+
+
+def _per_row(value, n: int, name: str, minimum: int) -> np.ndarray:
+    a = np.broadcast_to(np.asarray(value, dtype=np.int64), (n,)).copy()
+    if (a < minimum).any():
+        raise ConfigError(f"{name} must be >= {minimum}, got {int(a.min())}")
+    return a
+
+
+def forward_chunks(
+    model,
+    token_chunks,
+    points: Sequence[str] = (),
+    reducers: Mapping[str, Reducer] | None = None,
+    *,
+    nll: bool = True,
+    score_from: int | Sequence[int] | np.ndarray = 1,
+    reduce_from: int | Sequence[int] | np.ndarray = 0,
+    batch_size: int = 8,
+    position_chunk: int | None = None,
+    progress: bool | None = None,
+    cache: bool = False,
+    cache_root: str | os.PathLike[str] | None = None,
+    desc: str = "forward",
+) -> ForwardResult:
+    """One forward pass per batch of token rows serving perplexity and state reductions.
+
+    Per batch: the requested ``points`` are captured with hooks and every reducer is applied to
+    each point's ``(B, T, d)`` tensor on the fly (nothing per layer is kept at full size); with
+    ``nll`` the ``final`` states are scored against the next tokens in chunks of positions.
+
+    Args:
+        model: a :class:`~lmgeom.models.LanguageModel` (or a spec for ``load_model``).
+        token_chunks: ``(N, T)`` int array of fixed-length chunks, or a list of 1-D int arrays
+            of any lengths (right-padded per batch). Rows are fed as given: add a BOS yourself.
+        points: measurement points (canonical labels, see ``model.resolve_points``).
+        reducers: ``name -> reducer(h, mask)`` (see :data:`Reducer`). Names enter the cache key,
+            so a name must identify what its function computes.
+        nll: score the next-token NLL from ``final`` (needs the whole model).
+        score_from: first scored target position per row (scalar or ``(N,)``), >= 1: position
+            ``t`` is scored from the states at ``t - 1``. Default 1: tokens 2..T.
+        reduce_from: positions before this (per row) are left out of the reducers' mask (1 to
+            leave out a prepended BOS).
+        batch_size: rows per forward pass (and per cache shard).
+        position_chunk: positions per readout matmul (default :func:`default_position_chunk`).
+        progress: progress bar (default: when stderr is a terminal).
+        cache: reuse / write verified shards under ``$LMGEOM_CACHE/forward/<key>`` (resumable
+            after a kill).
+        cache_root: another cache folder.
+        desc: progress-bar label.
+
+    Returns:
+        :class:`ForwardResult`, rows in input order.
+    """
+    import torch
+
+    from .._paths import cache_dir
+    from ..activations.core import (
+        Encoded,
+        _check_finite,
+        _identity_for_key,
+        _pad_batch,
+        _progress,
+        _ShardCache,
+    )
+    from ..models import load_model
+
+    model = load_model(model)
+    rows = _as_rows(token_chunks)
+    n = len(rows)
+    reducers = dict(reducers or {})
+    points = tuple(points)
+    if points and not reducers:
+        raise ConfigError("points were given but no reducers to apply to them")
+    if not points and reducers:
+        raise ConfigError("reducers were given but no points to apply them to")
+    if not nll and not points:
+        raise ConfigError("nothing to compute: nll=False and no points")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    score = _per_row(score_from, n, "score_from", 1)
+    red_from = _per_row(reduce_from, n, "reduce_from", 0)
+    pc = default_position_chunk(model.vocab_size) if position_chunk is None else int(position_chunk)
+    if pc < 1:
+        raise ConfigError(f"position_chunk must be >= 1, got {position_chunk}")
+    V = model.vocab_size
+    for r in rows:
+        if r.min() < 0 or r.max() >= V:
+            raise DataError(f"token id out of range for {model.name} (vocabulary {V}): "
+                            f"{int(r.min())}..{int(r.max())}")
+    ctx = model_context(model)
+    longest = max(len(r) for r in rows)
+    if ctx is not None and longest > ctx:
+        raise ConfigError(f"a row has {longest} tokens but {model.name} takes at most {ctx}; "
+                          "use shorter chunks (or a stride for perplexity)")
+    dtype = str(model.dtype).replace("torch.", "")
+
+    key = ""
+    store = None
+    if cache:
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        tok_hash = sha256_bytes(np.concatenate(rows).tobytes() + lengths.tobytes())
+        settings = {
+            "version": FORWARD_VERSION, "points": list(points), "reducers": sorted(reducers),
+            "nll": nll, "score_from": sha256_bytes(score.tobytes()),
+            "reduce_from": sha256_bytes(red_from.tobytes()), "batch_size": batch_size,
+            "dtype": dtype, "tokens": tok_hash,
+        }
+        key = "fwd-" + stable_hash({"model": _identity_for_key(model), **settings})[:28]
+        root = Path(cache_root) if cache_root else cache_dir("forward")
+        store = _ShardCache(key, {**settings, "model": model.name}, True, root)
+
+    enc = Encoded(tuple(rows), 0, max(len(r) for r in rows))
+    batches = enc.batches(batch_size)
+    nll_sum = np.zeros(n, dtype=np.float64)
+    n_pred = np.zeros(n, dtype=np.int64)
+    reduced: dict[str, dict[str, np.ndarray]] = {name: {} for name in reducers}
+    computed = 0
+    import contextlib
+
+    with (store.lock() if store is not None else contextlib.nullcontext()):
+        bar = _progress(len(batches), desc, progress)
+        for bi, idx in enumerate(batches):
+            got = store.get(bi) if store is not None else None
+            if got is None:
+                got = _run_batch(model, enc, idx, points, reducers, nll, score[idx],
+                                 red_from[idx], pc, dtype, torch, _pad_batch, _check_finite)
+                if store is not None:
+                    store.put(bi, got)
+                computed += 1
+            ix = got["index"]
+            nll_sum[ix] = got["nll_sum"]
+            n_pred[ix] = got["n_predicted"]
+            for name in reducers:
+                for p in points:
+                    arr = got[f"r:{name}:{p}"]
+                    if p not in reduced[name]:
+                        reduced[name][p] = np.full((n, *arr.shape[1:]), np.nan, dtype=np.float32)
+                    reduced[name][p][ix] = arr
+            bar.update(1)
+        bar.close()
+    return ForwardResult(nll_sum=nll_sum, n_predicted=n_pred, reduced=reduced,
+                         n_tokens=enc.lengths, key=key, batches_computed=computed,
+                         batches_cached=len(batches) - computed)
+
+
+def _run_batch(model, enc, idx, points, reducers, nll, score, red_from, pc, dtype, torch,
+               pad_batch, check_finite) -> dict[str, np.ndarray]:
+    input_ids, mask = pad_batch(model, enc, idx)
+    B, T = input_ids.shape
+    dev = input_ids.device
+    pos = torch.arange(T, device=dev)[None, :]
+    valid = mask.bool()
+    rmask = valid & (pos >= torch.as_tensor(red_from, device=dev)[:, None])
+    out: dict[str, np.ndarray] = {"index": np.asarray(idx, dtype=np.int64)}
+    held: dict[str, Any] = {}
+
+    def sink(label, h):
+        if label == "final" and nll:
+            held["final"] = h
+        if label in points:
+            for name, fn in reducers.items():
+                v = fn(h, rmask)
+                if isinstance(v, torch.Tensor):
+                    v = v.detach().to(torch.float32).cpu().numpy()
+                v = np.asarray(v, dtype=np.float32)
+                if v.shape[:1] != (B,):
+                    raise ConfigError(f"reducer {name!r} returned shape {v.shape}; expected "
+                                      f"one entry per row ({B}, ...)")
+                out[f"r:{name}:{label}"] = v
+
+    capture = tuple(dict.fromkeys((*points, *(("final",) if nll else ()))))
+    with torch.no_grad():
+        with model.capture(capture, sink, stop_early=not nll):
+            model.run_base(input_ids, mask)
+        for p in points:
+            for name in reducers:
+                arr = out.get(f"r:{name}:{p}")
+                if arr is None:  # pragma: no cover - adapter bug
+                    raise RuntimeError(f"hook for {p} did not fire")
+                # NaN is a reducer's "undefined" (e.g. dispersion of one token); inf is overflow
+                check_finite(f"{p} ({name})", arr[~np.isnan(arr)], dtype)
+        if nll:
+            s, c = _score_batch(model, held.pop("final"), input_ids, valid, score, pc, torch)
+            if not np.isfinite(s).all():
+                hint = " (fp16 overflow is a common cause: use float32 or bfloat16)" if "16" in dtype else ""
+                raise DataError(f"non-finite NLL from {model.name}{hint}")
+            out["nll_sum"], out["n_predicted"] = s, c
+        else:
+            out["nll_sum"] = np.zeros(B, dtype=np.float64)
+            out["n_predicted"] = np.zeros(B, dtype=np.int64)
+    return out
+
+
+def _score_batch(model, h, input_ids, valid, score, pc, torch) -> tuple[np.ndarray, np.ndarray]:
+    """Summed NLL and scored-token count per row from post-norm states ``h`` ``(B, T, d)``."""
+    B, T = input_ids.shape
+    dev = input_ids.device
+    tpos = torch.arange(1, T, device=dev)[None, :]
+    tgt_ok = valid[:, 1:] & (tpos >= torch.as_tensor(score, device=dev)[:, None])
+    b_idx, t_idx = tgt_ok.nonzero(as_tuple=True)  # state at t_idx predicts token t_idx + 1
+    nll = torch.zeros(B, dtype=torch.float64, device=dev)
+    if len(b_idx):
+        states = h[b_idx, t_idx]
+        targets = input_ids[b_idx, t_idx + 1]
+        parts = []
+        for s in range(0, len(b_idx), pc):
+            logits = model.readout(states[s : s + pc]).float()
+            tgt = logits.gather(1, targets[s : s + pc, None])[:, 0]
+            parts.append((torch.logsumexp(logits, -1) - tgt).double())
+            del logits
+        nll.index_add_(0, b_idx, torch.cat(parts))
+    counts = tgt_ok.sum(1)
+    return nll.cpu().numpy(), counts.cpu().numpy().astype(np.int64)
+
+
+# ---------------------------------------------------------------------- perplexity
+@dataclass(frozen=True)
+class TextPerplexity:
+    """Perplexity of one text.
+
+    Attributes:
+        id: the text's id in its :class:`~lmgeom.texts.TextSet`.
+        n_tokens: tokens of the model input (special tokens included; after truncation when
+            no stride is given).
+        nll_sum: summed NLL of the scored tokens, nats.
+        n_predicted: scored tokens (``n_tokens - 1``).
+        perplexity: ``exp(nll_sum / n_predicted)``; NaN for a one-token text.
+    """
+
+    id: str
+    n_tokens: int
+    nll_sum: float
+    n_predicted: int
+    perplexity: float
+
+
+@dataclass(frozen=True)
+class PerplexityResult:
+    """Per-text perplexities and the corpus figure.
+
+    Attributes:
+        texts: one :class:`TextPerplexity` per text, in corpus order.
+        corpus_perplexity: ``exp(Σ nll_sum / Σ n_predicted)`` over all texts (token-weighted).
+        n_truncated: texts cut to ``max_length`` (always 0 with a stride).
+        n_windows: model rows run (texts, or windows in sliding-window mode).
+        settings: max_length, stride, batch_size, position_chunk, dtype, model.
+    """
+
+    texts: tuple[TextPerplexity, ...]
+    corpus_perplexity: float
+    n_truncated: int
+    n_windows: int
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __iter__(self):
+        return iter(self.texts)
+
+    @property
+    def perplexities(self) -> np.ndarray:
+        """``(N,)`` per-text perplexities."""
+        return np.array([t.perplexity for t in self.texts], dtype=np.float64)
+
+    @property
+    def mean_perplexity(self) -> float:
+        """Plain mean of the per-text perplexities (texts with a value)."""
+        p = self.perplexities
+        return float(np.nanmean(p)) if np.isfinite(p).any() else math.nan
+
+    @property
+    def median_perplexity(self) -> float:
+        p = self.perplexities
+        return float(np.nanmedian(p)) if np.isfinite(p).any() else math.nan
+
+    def to_frame(self):
+        """A ``pandas.DataFrame`` with columns id, n_tokens, nll_sum, n_predicted, perplexity."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            [t.__dict__ for t in self.texts],
+            columns=["id", "n_tokens", "nll_sum", "n_predicted", "perplexity"],
+        )
+
+
+def sliding_windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int, int, int]]:
+    """``(begin, end, score_from)`` windows covering tokens ``0..n_tokens-1``.
+
+    Windows of at most ``max_length`` tokens start every ``stride`` tokens; window ``w`` scores
+    positions ``score_from..end-begin-1`` (relative to its start): the tokens the previous
+    window did not reach. Every token from the second on is scored exactly once.
+    """
+    if not 1 <= stride < max_length:
+        raise ConfigError(f"stride must be in 1..max_length-1 ({max_length - 1}), got {stride}")
+    out = []
+    prev_end = 0
+    for begin in range(0, n_tokens, stride):
+        end = min(begin + max_length, n_tokens)
+        out.append((begin, end, max(1, prev_end - begin)))
+        prev_end = end
+        if end == n_tokens:
+            break
+    return out
+
+
+def perplexity(
+    model,
+    texts,
+    *,
+    max_length: int = 512,
+    stride: int | None = None,
+    batch_size: int = 8,
+    position_chunk: int | None = None,
+    progress: bool | None = None,
+) -> PerplexityResult:
+    """Per-text perplexity ``exp(mean NLL of tokens 2..T)`` and the corpus perplexity.
+
+    Args:
+        model: a :class:`~lmgeom.models.LanguageModel` or a spec for ``load_model``.
+        texts: a :class:`~lmgeom.texts.TextSet`, a list of strings or a text spec.
+        max_length: tokens per model input. Without ``stride`` longer texts are truncated to
+            it (counted in ``n_truncated``, logged).
+        stride: sliding-window mode: windows of ``max_length`` tokens every ``stride`` tokens
+            (``1 <= stride < max_length``); every token is scored once, with the most context
+            its window allows. A text that fits in one window gets exactly the plain value.
+        batch_size: model inputs (texts or windows) per forward pass.
+        position_chunk: positions per readout matmul; bounds the logits at
+            ``position_chunk × V`` floats (default: 64 MiB worth).
+        progress: progress bar (default: when stderr is a terminal).
+
+    Returns:
+        :class:`PerplexityResult`.
+    """
+    from ..activations.core import encode_texts
+    from ..models import load_model
+    from ..texts import as_textset
+
+    model = load_model(model)
+    ts = as_textset(texts)
+    if len(ts) == 0:
+        raise TextsError("the corpus is empty: nothing to score")
+    if max_length < 2:
+        raise ConfigError(f"max_length must be at least 2 tokens, got {max_length}")
+    ctx = model_context(model)
+    if ctx is not None and max_length > ctx:
+        log.warning("max_length %d exceeds the context of %s (%d tokens): using %d", max_length,
+                    model.name, ctx, ctx)
+        max_length = ctx
+    if stride is None:
+        enc = encode_texts(model, ts.texts, max_length)
+        rows = list(enc.ids)
+        owner = np.arange(len(rows))
+        score = np.ones(len(rows), dtype=np.int64)
+        n_trunc = enc.n_truncated
+        n_tok = enc.lengths
+    else:
+        if not 1 <= int(stride) < max_length:
+            raise ConfigError(f"stride must be in 1..max_length-1 ({max_length - 1}), got {stride}")
+        enc = encode_texts(model, ts.texts, 1 << 62)
+        rows, own, sc = [], [], []
+        for i, ids in enumerate(enc.ids):
+            for b, e, s in sliding_windows(len(ids), max_length, int(stride)):
+                rows.append(ids[b:e])
+                own.append(i)
+                sc.append(s)
+        owner = np.asarray(own, dtype=np.int64)
+        score = np.asarray(sc, dtype=np.int64)
+        n_trunc = 0
+        n_tok = enc.lengths
+    res = forward_chunks(model, rows, nll=True, score_from=score, batch_size=batch_size,
+                         position_chunk=position_chunk, progress=progress,
+                         desc=f"ppl {model.name}")
+    nll_sum = np.zeros(len(ts), dtype=np.float64)
+    n_pred = np.zeros(len(ts), dtype=np.int64)
+    np.add.at(nll_sum, owner, res.nll_sum)
+    np.add.at(n_pred, owner, res.n_predicted)
+    out = []
+    for i in range(len(ts)):
+        p = math.exp(nll_sum[i] / n_pred[i]) if n_pred[i] > 0 else math.nan
+        out.append(TextPerplexity(str(ts.ids[i]), int(n_tok[i]), float(nll_sum[i]),
+                                  int(n_pred[i]), p))
+    n_single = int((n_pred == 0).sum())
+    if n_single:
+        log.warning("%d text(s) have a single token: no perplexity (NaN), left out of the corpus "
+                    "figure", n_single)
+    total = int(n_pred.sum())
+    corpus = math.exp(float(nll_sum.sum()) / total) if total else math.nan
+    settings = {"max_length": max_length, "stride": stride, "batch_size": batch_size,
+                "position_chunk": position_chunk or default_position_chunk(model.vocab_size),
+                "dtype": str(model.dtype).replace("torch.", ""), "model": model.name,
+                "texts": ts.source, "texts_hash": ts.hash}
+    return PerplexityResult(tuple(out), corpus, n_trunc, len(rows), settings)
