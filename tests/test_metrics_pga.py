@@ -80,9 +80,9 @@ def test_exact_mode_matches_scipy_reference(data, m):
 @pytest.mark.parametrize("pairs", [300, 2500])
 def test_sampled_mode_matches_scipy_reference(data, pairs):
     X, V = data
-    res = M.subspace_pga(X, V, n_null=12, ccr=1, pairs=pairs, seed=2)
+    res = M.subspace_pga(X, V, n_null=12, ccr=1, pairs=pairs, seed=2, precision="float64")
     z, _rho, null = reference_pga(X, V, n_null=12, ccr=1, seed=2, pairs=pairs)
-    assert not res.exact and res.pairs == pairs
+    assert not res.exact and res.pairs == pairs and res.precision == "float64"
     np.testing.assert_allclose(res.null, null, rtol=0, atol=1e-12)
     assert res.z == pytest.approx(z, abs=1e-9)
 
@@ -100,10 +100,10 @@ def test_every_sampled_distance_path_agrees(data, monkeypatch):
             monkeypatch.setattr(_pairs, "_sddmm_available", lambda: False)
         plan = _pairs.make_plan(120, 400, 6)
         assert _pairs.build_layout(plan, None, 120).kind == path
-        got[path] = M.subspace_pga(Xd, V, n_null=4, ccr=1, seed=6, pairs=400)
+        got[path] = M.subspace_pga(Xd, V, n_null=4, ccr=1, seed=6, pairs=400, precision="float64")
         assert got[path].z == pytest.approx(ref[0], abs=1e-9)
     monkeypatch.setattr(_pairs, "_GRAM_FACTOR", 10_000)  # force Gram blocks
-    gram = M.subspace_pga(Xd, V, n_null=4, ccr=1, seed=6, pairs=400)
+    gram = M.subspace_pga(Xd, V, n_null=4, ccr=1, seed=6, pairs=400, precision="float64")
     assert gram.z == pytest.approx(ref[0], abs=1e-9)
 
 
@@ -116,7 +116,7 @@ def test_ties_from_duplicate_rows_match_reference():
     X[59] = X[0]
     V = np.linalg.qr(rng.standard_normal((12, 4)))[0]
     for pairs in (None, 700):
-        res = M.subspace_pga(X, V, n_null=10, ccr=1, seed=1, pairs=pairs)
+        res = M.subspace_pga(X, V, n_null=10, ccr=1, seed=1, pairs=pairs, precision="float64")
         z, rho, _null = reference_pga(X, V, n_null=10, ccr=1, seed=1, pairs=pairs)
         assert res.n_unique == 56
         assert res.rho_readout == pytest.approx(rho, abs=1e-12)
@@ -148,6 +148,18 @@ def test_sampled_mode_agrees_with_exact_mode():
     assert exact.z > 10
     assert sampled.z == pytest.approx(exact.z, rel=0.15)
     assert sampled.rho_readout == pytest.approx(exact.rho_readout, abs=0.02)
+
+
+def test_sampled_float32_frames_agree_with_float64(data):
+    X, V = data
+    fast = M.subspace_pga(X, V, n_null=20, seed=0, pairs=3000)
+    slow = M.subspace_pga(X, V, n_null=20, seed=0, pairs=3000, precision="float64")
+    assert fast.precision == "float32" and slow.precision == "float64"
+    np.testing.assert_allclose(fast.null, slow.null, atol=1e-4)
+    assert fast.z == pytest.approx(slow.z, abs=1e-2)
+    assert M.subspace_pga(X, V, n_null=3).precision == "float64"  # exact mode
+    with pytest.raises(ConfigError, match="precision"):
+        M.subspace_pga(X, V, n_null=3, precision="float16")
 
 
 def test_pairs_at_least_all_pairs_means_exact(data):
@@ -257,12 +269,30 @@ def test_torch_engine_matches_numpy_engine(data):
     X, V = data
     Xd = X.copy()
     Xd[7] = Xd[2]
-    for pairs in (None, 900):
-        a = M.subspace_pga(Xd, V, n_null=6, seed=3, pairs=pairs)
+    for pairs in (None, 900, 3000):  # exact with duplicates, per-pair dots, Gram blocks
+        a = M.subspace_pga(Xd, V, n_null=6, seed=3, pairs=pairs, precision="float64")
         b = M.subspace_pga(torch.tensor(Xd), torch.tensor(V), n_null=6, seed=3, pairs=pairs,
                            device=torch.device("cpu"))
+        assert b.precision == "float64"
         np.testing.assert_allclose(b.null, a.null, rtol=0, atol=1e-12)
         assert b.z == pytest.approx(a.z, abs=1e-9)
+
+
+def test_device_and_worker_options(data):
+    torch = pytest.importorskip("torch")
+    X, V = data
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="cuda"):
+            M.subspace_pga(X, V, n_null=3, device="cuda")
+    with pytest.raises(ConfigError, match="device"):
+        M.subspace_pga(X, V, n_null=3, device="no-such-device")
+    with pytest.raises(ConfigError, match="workers"):
+        M.subspace_pga(X, V, n_null=3, workers=0)
+    a = M.cross_model_alignment(X, X[:, ::-1], V, V[::-1], n_null=4, seed=1)
+    b = M.cross_model_alignment(X, X[:, ::-1], V, V[::-1], n_null=4, seed=1,
+                                device=torch.device("cpu"))
+    assert b.z == pytest.approx(a.z, abs=1e-9)
+    assert a.rho_full == pytest.approx(1.0) and a.rho_readout == pytest.approx(1.0)
 
 
 def test_accepts_torch_half_precision_input(data):

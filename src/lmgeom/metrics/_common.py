@@ -7,7 +7,10 @@ caller looping over layers gets messages such as ``"layer 12: X contains 3 NaN .
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -16,6 +19,7 @@ from lmgeom.errors import ConfigError, DataError
 
 __all__ = [
     "as_matrix",
+    "blas_threads",
     "check_finite",
     "check_int",
     "check_seed",
@@ -123,6 +127,34 @@ def as_matrix(x: Any, *, name: str = "X", label: str | None = None,
     arr = np.ascontiguousarray(arr)
     check_finite(arr, name=name, label=label, source_dtype=src)
     return arr
+
+
+#: Below this many floating-point operations a BLAS/LAPACK call runs single-threaded: on small
+#: matrices OpenBLAS's threads cost more than they save (measured up to 100x slower on a busy
+#: 2-core machine), and the PGA machinery parallelises over null frames instead.
+SMALL_FLOPS = 2e9
+
+
+@functools.lru_cache(maxsize=1)
+def _controller() -> Any:
+    try:
+        from threadpoolctl import ThreadpoolController
+
+        return ThreadpoolController()
+    except Exception:  # noqa: BLE001  # pragma: no cover - threadpoolctl missing or broken
+        return None
+
+
+@contextlib.contextmanager
+def blas_threads(flops: float = 0.0) -> Iterator[None]:
+    """Limit BLAS to one thread for the duration when the work is below :data:`SMALL_FLOPS`
+    (restored afterwards; a no-op without threadpoolctl)."""
+    ctl = _controller() if flops < SMALL_FLOPS else None
+    if ctl is None:
+        yield
+        return
+    with ctl.limit(limits=1, user_api="blas"):
+        yield
 
 
 def pow2_normalise(a: np.ndarray) -> np.ndarray:

@@ -52,7 +52,11 @@ class NumpyWorker:
         return A
 
     def project(self, Xu: np.ndarray, Q: np.ndarray | None, *, scale: float, what: str) -> np.ndarray:
-        Y = np.array(Xu, dtype=np.float64, order="C", copy=True) if Q is None else Xu @ Q
+        """Unit rows of ``Xu @ Q`` (of Xu itself when Q is None), in Xu's dtype."""
+        if Q is None:
+            Y = np.array(Xu, order="C", copy=True)
+        else:
+            Y = Xu @ Q.astype(Xu.dtype, copy=False)
         return unit_rows(Y, scale=scale, what=what, label=self.label)
 
     def distances(self, layout: Layout, Yu: np.ndarray, slot: int = 0) -> np.ndarray:

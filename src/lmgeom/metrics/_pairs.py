@@ -264,7 +264,8 @@ def pair_distances(layout: Layout, Yu: np.ndarray, out: np.ndarray, gbuf: np.nda
 
     Args:
         layout: from :func:`build_layout`.
-        Yu: (n_unique, k) float64 unit rows.
+        Yu: (n_unique, k) unit rows, float64 (or float32 in sampled layouts: the dot products
+            are then float32, the distances ``1 - cos`` are formed in float64).
         out: (n_pairs,) float64 output buffer.
         gbuf: float64 scratch of at least ``layout.max_block`` elements.
     """
@@ -288,20 +289,26 @@ def pair_distances(layout: Layout, Yu: np.ndarray, out: np.ndarray, gbuf: np.nda
         L = layout.a.size
         tmp = out if layout.expand is None else np.empty(L)
         if kind == "gram":
+            same_dtype = gbuf.dtype == Yu.dtype
             for blk in layout.blocks:
                 if blk.s1 == blk.s0:
                     continue
                 w = blk.r1 - blk.r0
-                G = gbuf[: w * blk.r1].reshape(w, blk.r1)
-                np.matmul(Yu[blk.r0:blk.r1], Yu[: blk.r1].T, out=G)
-                np.take(G.ravel(), blk.flat, out=tmp[blk.s0:blk.s1])
+                if same_dtype:
+                    G = gbuf[: w * blk.r1].reshape(w, blk.r1)
+                    np.matmul(Yu[blk.r0:blk.r1], Yu[: blk.r1].T, out=G)
+                else:
+                    G = Yu[blk.r0:blk.r1] @ Yu[: blk.r1].T
+                tmp[blk.s0:blk.s1] = np.take(G.ravel(), blk.flat)
         elif kind == "sddmm":
             _sddmm(layout, Yu, tmp)
         elif kind == "rowdot":
             a, b = layout.a, layout.b
             k = Yu.shape[1]
             need = 2 * _ROWDOT_CHUNK * k
-            scratch = gbuf if gbuf.size >= need else np.empty(need)
+            scratch = gbuf if gbuf.size >= need and gbuf.dtype == Yu.dtype else np.empty(
+                need, dtype=Yu.dtype)
+            dots = np.empty(_ROWDOT_CHUNK, dtype=Yu.dtype)
             for c0 in range(0, L, _ROWDOT_CHUNK):
                 c1 = min(L, c0 + _ROWDOT_CHUNK)
                 w = c1 - c0
@@ -309,7 +316,8 @@ def pair_distances(layout: Layout, Yu: np.ndarray, out: np.ndarray, gbuf: np.nda
                 Bm = scratch[w * k: 2 * w * k].reshape(w, k)
                 np.take(Yu, a[c0:c1], axis=0, out=A)
                 np.take(Yu, b[c0:c1], axis=0, out=Bm)
-                np.einsum("ij,ij->i", A, Bm, out=tmp[c0:c1])
+                np.einsum("ij,ij->i", A, Bm, out=dots[:w])
+                tmp[c0:c1] = dots[:w]
         else:  # pragma: no cover
             raise AssertionError(kind)
         if layout.expand is not None:
@@ -327,7 +335,9 @@ def _sddmm(layout: Layout, Yu: np.ndarray, out: np.ndarray) -> None:
     import torch
 
     cache = layout._torch_cache
-    S = cache.get("csr")
+    Yt = torch.from_numpy(Yu)
+    key = ("csr", str(Yt.dtype))
+    S = cache.get(key)
     n_u = layout.n_unique
     if S is None:
         crow = np.zeros(n_u + 1, dtype=np.int64)
@@ -337,10 +347,9 @@ def _sddmm(layout: Layout, Yu: np.ndarray, out: np.ndarray) -> None:
             warnings.simplefilter("ignore")
             S = torch.sparse_csr_tensor(
                 torch.from_numpy(crow), torch.from_numpy(np.ascontiguousarray(layout.b)),
-                torch.zeros(layout.a.size, dtype=torch.float64), size=(n_u, n_u),
+                torch.zeros(layout.a.size, dtype=Yt.dtype), size=(n_u, n_u),
             )
-        cache["csr"] = S
-    Yt = torch.from_numpy(Yu)
+        cache[key] = S
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         v = torch.sparse.sampled_addmm(S, Yt, Yt.T, beta=0.0).values()

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from lmgeom.metrics._common import data_error
+from lmgeom.metrics._common import blas_threads, data_error
 from lmgeom.metrics._engine import make_runner
 from lmgeom.metrics._pairs import build_layout, make_plan
 from lmgeom.metrics.geometry import iter_frames
@@ -22,6 +22,8 @@ from lmgeom.metrics.pga import (
     _frozen,
     check_basis,
     check_common,
+    check_precision,
+    frame_dtype,
     null_summary,
     prepare,
     readout_projection,
@@ -44,6 +46,7 @@ class AlignmentResult:
         null_z_low, null_z_high: the null's 2.5 / 97.5 percentiles in z units.
         k_a, k_b, d_a, d_b, n, n_null, ccr, seed: sizes and settings used.
         pairs: number of pairs used; exact: True when every pair was used.
+        precision: dtype of the readout / null-frame projections ("float64" or "float32").
     """
 
     rho_full: float
@@ -65,6 +68,7 @@ class AlignmentResult:
     pairs: int
     exact: bool
     seed: int
+    precision: str
 
     def to_dict(self) -> dict:
         """All scalar fields (the null draws excluded)."""
@@ -85,6 +89,7 @@ def cross_model_alignment(
     seed: int = 0,
     device: Any = None,
     workers: int | None = None,
+    precision: str = "auto",
     label: str | None = None,
 ) -> AlignmentResult:
     """Spearman agreement of two models' distance structures, full vs readout vs random frames.
@@ -100,12 +105,21 @@ def cross_model_alignment(
         pairs: None -> every pair; an int -> one seeded sample of distinct pairs
             (:func:`sample_pairs`), shared by both models and all spaces.
         seed: seeds the frames and the pair sample.
-        device, workers, label: as in :func:`subspace_pga`.
+        device, workers, precision, label: as in :func:`subspace_pga`.
 
     Returns:
         :class:`AlignmentResult`.
     """
     n_null, ccr, pairs, seed = check_common(n_null, ccr, pairs, seed, label)
+    precision = check_precision(precision, label)
+    with blas_threads():  # single-threaded BLAS: parallelism comes from the frame workers
+        return _alignment(X_a, X_b, basis_a, basis_b, n_null, ccr, pairs, seed, device, workers,
+                          precision, label)
+
+
+def _alignment(X_a: Any, X_b: Any, basis_a: Any, basis_b: Any, n_null: int, ccr: int,
+               pairs: int | None, seed: int, device: Any, workers: int | None, precision: str,
+               label: str | None) -> AlignmentResult:
     pa = prepare(X_a, ccr, name="X_a", label=label)
     pb = prepare(X_b, ccr, name="X_b", label=label)
     if pa.n != pb.n:
@@ -122,11 +136,17 @@ def cross_model_alignment(
     lay_b = build_layout(plan, pb.inv, pb.n_unique, kb)
     runner = make_runner(plan.n_pairs, device, workers, label)
 
+    fdt = frame_dtype(precision, plan, runner)
+    Xa_f = pa.Xu if fdt is np.float64 else pa.Xu.astype(fdt)
+    Xb_f = pb.Xu if fdt is np.float64 else pb.Xu.astype(fdt)
+
     def corr(worker: Any, Qa: np.ndarray | None, Qb: np.ndarray | None, what: str) -> float:
-        ya = worker.project(pa.Xu, Qa, scale=pa.scale_raw if Qa is None else pa.scale,
+        ya = worker.project(pa.Xu if Qa is None else Xa_f, Qa,
+                            scale=pa.scale_raw if Qa is None else pa.scale,
                             what=f"in model A's {what}")
         ref = worker.reference(worker.distances(lay_a, ya, slot=0), f"in model A's {what}")
-        yb = worker.project(pb.Xu, Qb, scale=pb.scale_raw if Qb is None else pb.scale,
+        yb = worker.project(pb.Xu if Qb is None else Xb_f, Qb,
+                            scale=pb.scale_raw if Qb is None else pb.scale,
                             what=f"in model B's {what}")
         return worker.spearman(ref, worker.distances(lay_b, yb, slot=1), f"in model B's {what}")
 
@@ -136,6 +156,7 @@ def cross_model_alignment(
                                 label=label)
     yb, lb = readout_projection(pb, Vb, plan, lay_b, what="in model B's readout subspace",
                                 label=label)
+    ya, yb = ya.astype(fdt, copy=False), yb.astype(fdt, copy=False)
     ref_r = w.reference(w.distances(la, w.asarray(ya), slot=0), "in model A's readout subspace")
     rho_read = w.spearman(ref_r, w.distances(lb, w.asarray(yb), slot=1),
                           "in model B's readout subspace")
@@ -146,5 +167,5 @@ def cross_model_alignment(
     return AlignmentResult(
         rho_full=float(rho_full), rho_readout=float(rho_read), null=_frozen(null),
         k_a=int(ka), k_b=int(kb), d_a=pa.d, d_b=pb.d, n=pa.n, n_null=n_null, ccr=ccr,
-        pairs=int(plan.n_pairs), exact=plan.exact, seed=seed, **s,
+        pairs=int(plan.n_pairs), exact=plan.exact, seed=seed, precision=np.dtype(fdt).name, **s,
     )

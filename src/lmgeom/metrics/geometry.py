@@ -17,7 +17,6 @@ guarantee that on its own), so that duplicate texts give exact distance ties dow
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +25,7 @@ import scipy.linalg
 
 from lmgeom.metrics._common import (
     as_matrix,
+    blas_threads,
     check_finite,
     check_int,
     check_seed,
@@ -187,7 +187,8 @@ def ccr(X: Any, m: int = 1, *, label: str | None = None) -> np.ndarray:
                 f"has rank at most {max_rank}; use ccr < {max_rank} or pass more rows",
                 label,
             )
-        P, lam = _top_directions(Xc, m + 1)
+        with blas_threads(float(n) * d * min(n, d) + float(min(n, d)) ** 3):
+            P, lam = _top_directions(Xc, m + 1)
         if lam[0] <= 0 or lam[m] <= (RANK_RTOL ** 2) * lam[0]:
             rank = int(np.count_nonzero(lam > (RANK_RTOL ** 2) * max(lam[0], 0.0)))
             raise config_error(
@@ -197,7 +198,8 @@ def ccr(X: Any, m: int = 1, *, label: str | None = None) -> np.ndarray:
                 label,
             )
         Pm = P[:m]
-        Xc -= (Xc @ Pm.T) @ Pm
+        with blas_threads(4.0 * n * d * m):
+            Xc -= (Xc @ Pm.T) @ Pm
     out = _canonicalise(Xc, duplicate_groups(A))
     return np.ldexp(out, e) if e else out
 
@@ -267,7 +269,8 @@ def readout_basis(W_U: Any, k: int = 100, *, gain: Any = None,
             rows = rows * g
         rows = np.ldexp(rows, -e)
         C += rows.T @ rows
-    lam, Vk = _top_eigh(C, k)
+    with blas_threads(float(d) ** 3):
+        lam, Vk = _top_eigh(C, k)
     if lam[0] <= 0:
         raise data_error("W_U is all zeros; cannot build a readout basis", label)
     idx = np.argmax(np.abs(Vk), axis=0)
@@ -276,24 +279,11 @@ def readout_basis(W_U: Any, k: int = 100, *, gain: Any = None,
     return np.ascontiguousarray(Vk * signs)
 
 
-@functools.lru_cache(maxsize=1)
-def _blas_controller() -> Any:
-    try:
-        from threadpoolctl import ThreadpoolController
-
-        return ThreadpoolController()
-    except Exception:  # noqa: BLE001  # pragma: no cover - threadpoolctl missing or broken
-        return None
-
-
 def _qr_single_thread(G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Householder QR with BLAS limited to one thread (multi-threaded LAPACK is ~10x slower
-    on these tall-skinny d x k matrices)."""
-    ctl = _blas_controller()
-    if ctl is None:  # pragma: no cover
-        return np.linalg.qr(G)
-    with ctl.limit(limits=1, user_api="blas"):
-        return np.linalg.qr(G)
+    """Householder QR (LAPACK geqrf/orgqr, bit-identical to numpy.linalg.qr) with BLAS on one
+    thread: multi-threaded LAPACK is ~10x slower on these tall-skinny d x k matrices."""
+    with blas_threads():
+        return scipy.linalg.qr(G, mode="economic", check_finite=False)
 
 
 def random_frame(rng: np.random.Generator, d: int, k: int) -> np.ndarray:

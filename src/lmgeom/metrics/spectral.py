@@ -17,7 +17,13 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from lmgeom.metrics._common import as_matrix, config_error, data_error, pow2_normalise
+from lmgeom.metrics._common import (
+    as_matrix,
+    blas_threads,
+    config_error,
+    data_error,
+    pow2_normalise,
+)
 from lmgeom.metrics.dispersion import _mean_cosine_numpy
 
 __all__ = [
@@ -37,10 +43,13 @@ def _centred(X: Any, label: str | None) -> np.ndarray:
 
 
 def _svdvals(Xc: np.ndarray) -> np.ndarray:
-    try:
-        s = scipy.linalg.svd(Xc, compute_uv=False, lapack_driver="gesdd", check_finite=False)
-    except np.linalg.LinAlgError:  # pragma: no cover - gesdd rarely fails to converge
-        s = scipy.linalg.svd(Xc, compute_uv=False, lapack_driver="gesvd", check_finite=False)
+    n, d = Xc.shape
+    with blas_threads(4.0 * n * d * min(n, d)):
+        try:
+            s = scipy.linalg.svd(Xc, compute_uv=False, lapack_driver="gesdd", check_finite=False)
+        except np.linalg.LinAlgError:  # pragma: no cover - gesdd rarely fails to converge
+            s = scipy.linalg.svd(Xc, compute_uv=False, lapack_driver="gesvd",
+                                 check_finite=False)
     return np.asarray(s, dtype=np.float64)
 
 

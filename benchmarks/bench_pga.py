@@ -1,0 +1,141 @@
+"""Subspace PGA: the naive scipy reference (``pdist(metric="cosine")`` + ``spearmanr`` for the
+readout and every null frame) vs lmgeom's exact mode (every pair) and sampled-pairs mode
+(default precision "auto": float32 frame projections; and precision="float64"), on
+the same synthetic anisotropic states (d = 576, k = 100, n_null = 100, CCR-1, identical
+preprocessing and null frames). ``ratio_vs_naive`` = naive wall seconds / lmgeom wall seconds
+in the same run; ``cpu_ratio`` the same with CPU seconds (all threads), which is the fairer
+figure when other jobs share the machine. Then: cost vs N at a fixed pair budget (the pair
+work is constant; the per-frame projection X @ Q is O(N d k)) and cost vs n_null.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+D, K, N_NULL, PAIRS = 576, 100, 100, 200_000
+
+
+def _data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Anisotropic states with a large common offset and clusters, and a readout basis."""
+    from lmgeom.metrics import readout_basis
+
+    rng = np.random.default_rng(seed)
+    spectrum = np.geomspace(6.0, 0.05, D)
+    centres = rng.standard_normal((12, D)) * spectrum
+    X = centres[rng.integers(0, 12, n)] + rng.standard_normal((n, D)) * spectrum
+    X += 20.0 * rng.standard_normal(D)
+    W = rng.standard_normal((4000, D)) * np.geomspace(0.2, 3.0, D)[rng.permutation(D)]
+    return X, readout_basis(W, K)
+
+
+class _Clock:
+    def __enter__(self):
+        self.w, self.c = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.w
+        self.cpu = time.process_time() - self.c
+
+
+def naive_pga(X: np.ndarray, V: np.ndarray, n_null: int, seed: int, timed_nulls: int) -> dict:
+    """The obvious implementation; the null loop is timed on ``timed_nulls`` frames and
+    extrapolated linearly to ``n_null``."""
+    from scipy.spatial.distance import pdist
+    from scipy.stats import spearmanr
+
+    from lmgeom.metrics import ccr, null_frames
+
+    with _Clock() as setup:
+        Xp = ccr(X, 1)
+        d_full = pdist(Xp, "cosine")
+        rho = spearmanr(d_full, pdist(Xp @ V, "cosine"))[0]
+    with _Clock() as loop:
+        frames = null_frames(X.shape[1], V.shape[1], timed_nulls, seed)
+        null = np.array([spearmanr(d_full, pdist(Xp @ Q, "cosine"))[0] for Q in frames])
+    f = n_null / timed_nulls
+    z = (rho - null.mean()) / null.std(ddof=1) if timed_nulls == n_null else float("nan")
+    return {"wall": setup.wall + f * loop.wall, "cpu": setup.cpu + f * loop.cpu,
+            "rho": float(rho), "null": null, "z": z}
+
+
+def _row(name, n, clock, naive=None, z=float("nan"), notes=""):
+    row = {"bench": "pga", "name": name, "N": n, "seconds": clock.wall}
+    if naive is not None:
+        row["ratio_vs_naive"] = naive["wall"] / clock.wall
+        row["cpu_ratio"] = naive["cpu"] / clock.cpu
+    row["z"] = z
+    row["notes"] = notes
+    return row
+
+
+def run(profile: str = "quick") -> list[dict]:
+    from lmgeom.metrics import subspace_pga
+
+    full = profile == "full"
+    rows: list[dict] = []
+    # warm-up outside the timings: imports (torch for the sampled pair path) and first-call costs
+    Xw, Vw = _data(300)
+    subspace_pga(Xw, Vw, n_null=2, pairs=5000)
+    timed = {500: 100, 1000: 100, 2000: 100} if full else {500: 30, 1000: 12, 2000: 6}
+    for n in (500, 1000, 2000):
+        X, V = _data(n)
+        nv = naive_pga(X, V, N_NULL, 0, timed[n])
+        c = _Clock()
+        c.wall, c.cpu = nv["wall"], nv["cpu"]
+        note = ("all 100 nulls timed" if timed[n] == N_NULL
+                else f"timed on {timed[n]} of 100 nulls, extrapolated linearly")
+        rows.append(_row("naive scipy (pdist + spearmanr)", n, c, nv, nv["z"], note))
+        with _Clock() as c:
+            ex = subspace_pga(X, V, n_null=N_NULL, ccr=1, seed=0)
+        dnull = float(np.max(np.abs(ex.null[: timed[n]] - nv["null"])))
+        agree = (f"|Δz| vs naive {abs(ex.z - nv['z']):.1e}" if timed[n] == N_NULL
+                 else f"max |Δρ| vs naive over the {timed[n]} timed nulls {dnull:.1e}")
+        rows.append(_row("lmgeom exact (all pairs)", n, c, nv, ex.z,
+                         f"{ex.pairs} pairs; |Δρ_readout| {abs(ex.rho_readout - nv['rho']):.1e}; "
+                         f"{agree}"))
+        for precision in ("auto", "float64"):
+            with _Clock() as c:
+                sa = subspace_pga(X, V, n_null=N_NULL, ccr=1, seed=0, pairs=PAIRS,
+                                  precision=precision)
+            if sa.exact and precision == "float64":
+                continue  # identical to the row above
+            rows.append(_row(f"lmgeom sampled (pairs={PAIRS}, {sa.precision} frames)", n, c, nv,
+                             sa.z, f"{sa.pairs} pairs{' (= all pairs: exact)' if sa.exact else ''}"
+                             f"; z - z_exact = {sa.z - ex.z:+.2f}"))
+    base = None
+    for n in (1000, 2000, 4000, 8000, 16000) if full else (1000, 2000, 4000, 8000):
+        X, V = _data(n, seed=1)
+        with _Clock() as c:
+            sa = subspace_pga(X, V, n_null=N_NULL, ccr=1, seed=0, pairs=PAIRS)
+        base = base or c.wall
+        rows.append(_row(f"sampled vs N (pairs={PAIRS})", n, c, z=sa.z,
+                         notes=f"time / time(N=1000) = {c.wall / base:.2f}"))
+    X, V = _data(2000, seed=2)
+    for nn in (25, 50, 100, 200) if full else (25, 100):
+        with _Clock() as c:
+            sa = subspace_pga(X, V, n_null=nn, ccr=1, seed=0, pairs=PAIRS)
+        rows.append(_row(f"sampled vs n_null={nn}", 2000, c, z=sa.z,
+                         notes=f"seconds per null {c.wall / nn:.4f}"))
+    return rows
+
+
+def _markdown(rows: list[dict]) -> str:
+    cols = ["name", "N", "seconds", "ratio_vs_naive", "cpu_ratio", "z", "notes"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for col in cols:
+            v = r.get(col, "")
+            if isinstance(v, float):
+                v = "" if np.isnan(v) else (f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}")
+            cells.append(str(v))
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(_markdown(run(sys.argv[1] if len(sys.argv) > 1 else "quick")))
