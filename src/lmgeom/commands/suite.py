@@ -1,0 +1,180 @@
+"""``lmgeom suite``: train a width suite of small GPT-NeoX models (``train``), or describe one
+(``info``)."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "suite"
+HELP = "train a width suite of small Pythia-architecture models with checkpoints (train), or inspect one (info)"
+DESCRIPTION = (
+    "`lmgeom suite train --out DIR` trains GPT-NeoX models (Pythia's architecture) that differ "
+    "only in width, from scratch on the offline corpora, with one shared byte-level BPE "
+    "tokenizer, identical data order and seed, and saves Pythia-style log-spaced checkpoints "
+    "as ordinary Hugging Face folders DIR/<width>/step<N>/ with the held-out loss of each and a "
+    "DIR/manifest.json. Rerunning resumes an interrupted run and skips finished widths; new "
+    "widths can be added to an existing suite. `lmgeom suite info DIR` summarises a suite. "
+    "Analyse it with `lmgeom sweep --suite DIR`."
+)
+
+_S = argparse.SUPPRESS
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..training.suite import DEFAULT_TEXTS, SuiteConfig
+
+    d = SuiteConfig()
+    sub = p.add_subparsers(dest="suite_command", metavar="SUBCOMMAND")
+    p.set_defaults(_suite_parser=p)
+    t = sub.add_parser("train", help="train (or resume, or extend) a suite",
+                       description="Train a width suite (resumes / skips finished widths).",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    t.add_argument("--out", required=True, metavar="DIR", help="suite folder")
+    t.add_argument("--micro", action="store_true",
+                   help="tiny configuration for tests and smoke runs (widths 16,32, 2 layers, "
+                        "768 tokens, builtin:news); other options override it")
+    g = t.add_argument_group("models (default values in brackets)")
+    g.add_argument("--widths", default=_S,
+                   help=f"comma list of widths [{','.join(map(str, d.widths))}]")
+    g.add_argument("--n-layers", type=int, default=_S, help=f"blocks per model, all widths [{d.n_layers}]")
+    g = t.add_argument_group("training (default values in brackets)")
+    g.add_argument("--tokens", type=int, default=_S, help=f"training tokens per width [{d.tokens}]")
+    g.add_argument("--seq-len", type=int, default=_S, help=f"tokens per sequence [{d.seq_len}]")
+    g.add_argument("--batch-size", type=int, default=_S, help=f"sequences per step [{d.batch_size}]")
+    g.add_argument("--lr", type=float, default=_S, help=f"peak learning rate [{d.lr}]")
+    g.add_argument("--warmup-frac", type=float, default=_S, help=f"warmup fraction of the steps [{d.warmup_frac}]")
+    g.add_argument("--weight-decay", type=float, default=_S, help=f"AdamW weight decay [{d.weight_decay}]")
+    g.add_argument("--seed", type=int, default=_S, help=f"data split, order and init seed [{d.seed}]")
+    g.add_argument("--regular-checkpoints", type=int, default=_S, dest="n_regular",
+                   help=f"evenly spaced checkpoints besides 0,1,2,4,... [{d.n_regular}]")
+    g.add_argument("--no-bf16", action="store_true", help="train in float32 (default: bf16 autocast)")
+    g = t.add_argument_group("data (default values in brackets)")
+    g.add_argument("--texts", action="append", default=_S, metavar="SPEC",
+                   help=f"training corpus; repeat for several [{' '.join(DEFAULT_TEXTS)}]")
+    g.add_argument("--exclude-texts", action="append", default=_S, metavar="SPEC",
+                   help=f"corpus whose texts are kept out of training; 'none' for none "
+                        f"[{' '.join(d.exclude_texts)}]")
+    g.add_argument("--vocab-size", type=int, default=_S, help=f"BPE vocabulary size [{d.vocab_size}]")
+    g.add_argument("--val-fraction", type=float, default=_S,
+                   help=f"held-out fraction of the documents [{d.val_fraction}]")
+    g.add_argument("--val-tokens", type=int, default=_S,
+                   help=f"held-out tokens evaluated per checkpoint [{d.val_tokens}]")
+    g = t.add_argument_group("run")
+    g.add_argument("--threads", type=int, default=1,
+                   help="torch threads (1 is fastest on a shared machine; 0 = torch's default)")
+    g.add_argument("--resume-every", type=float, default=300.0, metavar="SECONDS",
+                   help="also save the resume state this often between checkpoints")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace a suite in --out that was trained with other settings")
+    g.add_argument("--quiet", action="store_true", help="no progress bars")
+    t.set_defaults(_suite_run=_train)
+
+    i = sub.add_parser("info", help="summarise a suite folder",
+                       description="Widths, shapes, checkpoints, validation losses, timings.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    i.add_argument("dir", metavar="DIR", help="suite folder")
+    i.add_argument("--steps", action="store_true", help="list every checkpoint's validation loss")
+    i.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    i.set_defaults(_suite_run=_info)
+
+
+def run(args) -> int:
+    fn = getattr(args, "_suite_run", None)
+    if fn is None:
+        args._suite_parser.print_help()
+        return 0
+    return int(fn(args) or 0)
+
+
+_FIELDS = ("n_layers", "tokens", "seq_len", "batch_size", "lr", "warmup_frac", "weight_decay",
+           "seed", "n_regular", "vocab_size", "val_fraction", "val_tokens")
+
+
+def config_from_args(args):
+    """The :class:`~lmgeom.training.suite.SuiteConfig` of ``suite train`` options."""
+    from ..errors import ConfigError
+    from ..training.suite import SuiteConfig
+
+    over = {f: getattr(args, f) for f in _FIELDS if hasattr(args, f)}
+    if hasattr(args, "widths"):
+        try:
+            over["widths"] = tuple(int(x) for x in args.widths.split(",") if x.strip())
+        except ValueError as exc:
+            raise ConfigError(f"--widths must be a comma list of integers, got {args.widths!r}") from exc
+    if hasattr(args, "texts"):
+        over["texts"] = tuple(args.texts)
+    if hasattr(args, "exclude_texts"):
+        over["exclude_texts"] = tuple(x for x in args.exclude_texts if x.lower() != "none")
+    if args.no_bf16:
+        over["bf16"] = False
+    return SuiteConfig.micro(**over) if args.micro else SuiteConfig(**over)
+
+
+def _train(args) -> int:
+    import time
+
+    from ..training.suite import train_suite
+    from ._common import progress_from_args
+
+    config = config_from_args(args)
+    progress = progress_from_args(args)
+    print(f"suite {args.out}: widths {', '.join(map(str, config.widths))}, {config.steps} steps "
+          f"of {config.tokens_per_step} tokens ({config.steps * config.tokens_per_step:,} tokens "
+          f"per width), {config.n_layers} layers, seed {config.seed}")
+    t = time.perf_counter()
+    manifest = train_suite(args.out, config, overwrite=args.overwrite, progress=progress,
+                           resume_every_s=args.resume_every, threads=args.threads or None)
+    _print_widths(manifest)
+    print(f"\nwrote {args.out}/manifest.json and {len(manifest['widths'])} width folder(s) in "
+          f"{time.perf_counter() - t:.1f} s; analyse with: lmgeom sweep --suite {args.out}")
+    return 0
+
+
+def _print_widths(manifest) -> None:
+    from ._common import print_table
+
+    rows = []
+    for w, v in sorted(manifest["widths"].items(), key=lambda kv: int(kv[0])):
+        cks = sorted(v["checkpoints"].values(), key=lambda c: c["step"])
+        tm = v.get("timings", {})
+        rows.append({
+            "width": int(w), "status": v["status"], "layers": v["shape"]["n_layers"],
+            "heads": v["shape"]["n_heads"], "params": v.get("n_params") or "",
+            "ckpts": len(cks),
+            "val loss first": cks[0]["val_loss"] if cks else float("nan"),
+            "val loss last": cks[-1]["val_loss"] if cks else float("nan"),
+            "train s": float(tm.get("train_s", float("nan"))),
+            "tok/s": float(tm.get("tokens_per_s", float("nan"))),
+        })
+    print_table(rows, floatfmt="{:.4g}")
+    for group in manifest.get("identical_weights", []):
+        print("WARNING: identical weights: " + ", ".join(group))
+
+
+def _info(args) -> int:
+    import json
+
+    from ..training.suite import read_suite
+
+    m = read_suite(args.dir)
+    if args.json:
+        print(json.dumps(m, indent=2, sort_keys=True))
+        return 0
+    s = m["settings"]
+    print(f"suite {args.dir} ({m['format']}): {m['tokens_per_width']:,} tokens per width, "
+          f"{m['steps_total']} steps of {s['batch_size']} x {s['seq_len']}, seed {m['seed']}, "
+          f"vocab {m['tokenizer']['vocab_size']}, data {m['data']['data_hash'][:12]}")
+    print(f"texts: {', '.join(s['texts'])} (excluded: {', '.join(s['exclude_texts']) or 'none'}); "
+          f"checkpoint steps: {', '.join(map(str, m['checkpoint_steps']))}")
+    _print_widths(m)
+    if args.steps:
+        from ._common import print_table
+
+        rows = []
+        for w, v in sorted(m["widths"].items(), key=lambda kv: int(kv[0])):
+            for rev, c in sorted(v["checkpoints"].items(), key=lambda kv: kv[1]["step"]):
+                rows.append({"width": int(w), "checkpoint": rev, "tokens": c["tokens"],
+                             "val loss": c["val_loss"], "weights": (c["weights_sha256"] or "")[:12]})
+        print()
+        print_table(rows, floatfmt="{:.4f}")
+    return 0
