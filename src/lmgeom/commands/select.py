@@ -1,0 +1,227 @@
+"""``lmgeom select``: label-free ranking of models / checkpoints for a domain by the dispersion
+gap, checked against measured domain perplexity."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+from ..experiments.select import DEFAULT_GENERAL_TEXTS
+from ._common import add_run_args, print_table, progress_from_args
+
+NAME = "select"
+HELP = "rank models / checkpoints for a domain by the dispersion gap (no labels), vs perplexity"
+DESCRIPTION = (
+    "Per candidate (--model, repeatable, or every checkpoint of --suite DIR) the dispersion gap "
+    "G = D(T) + D(T, T-bar): D(T) the dispersion among the domain tokens' rows of W_U, D(T, "
+    "T-bar) their mean cosine distance to general tokens' rows (variant=W_U, no forward pass). "
+    "--domain math uses the digits 0-9, code Python's keywords, anything else is a comma list "
+    "of words; each word's forms 'w' and ' w' (--forms) are kept when the candidate's own "
+    "tokenizer encodes them to exactly one id (others are dropped and listed). T-bar is a "
+    "seeded sample of --n-general of the --general-pool most frequent non-special ids of "
+    f"--general-texts (default {DEFAULT_GENERAL_TEXTS}) outside T. With --domain-texts the "
+    "forward-pass variant (variant=states) runs too: the same formula on sampled token states "
+    "of domain vs general text at --state-layer. Where held-out domain text exists (--eval-texts; "
+    "default: --domain-texts, else builtin:math / builtin:code) each candidate's perplexity and bits "
+    "per byte are measured and the Spearman correlation between G and -bits/byte is reported "
+    "(bootstrap CI from 5 candidates on). Writes select.parquet/.csv, manifest.json, plots and "
+    "report.html."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("candidates")
+    g.add_argument("--model", action="append", default=None, metavar="SPEC",
+                   help="candidate model; repeat for several (bundled name, hub id, folder, .gguf)")
+    g.add_argument("--suite", default=None, metavar="DIR",
+                   help="every checkpoint of a suite trained with `lmgeom suite train --out DIR`")
+    g.add_argument("--widths", default=None,
+                   help="with --suite: only these widths, comma-separated (64,128 or w64)")
+    g.add_argument("--steps", default=None,
+                   help="with --suite: only these checkpoint steps, comma-separated")
+    g.add_argument("--revision", default=None, help="hub revision for --model hub ids")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the forward passes (W_U is compared in float64 either way)")
+    g.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps")
+    d = p.add_argument_group("dispersion gap")
+    d.add_argument("--domain", default="math",
+                   help="math (digits) | code (Python keywords) | comma-separated words")
+    d.add_argument("--forms", default="both", choices=["both", "bare", "space"],
+                   help="which forms of each word to try: 'w', ' w' or both")
+    d.add_argument("--n-general", type=int, default=500, help="size of the general token set")
+    d.add_argument("--general-pool", type=int, default=5000,
+                   help="T-bar is drawn from this many most frequent ids")
+    d.add_argument("--general-texts", default=DEFAULT_GENERAL_TEXTS,
+                   help="corpus that defines token frequency (and general states)")
+    d.add_argument("--n-general-texts", type=int, default=300,
+                   help="texts of --general-texts counted for frequency")
+    d.add_argument("--domain-texts", default=None, metavar="SPEC",
+                   help="also run the forward-pass variant on states of this domain text "
+                        "(e.g. builtin:math)")
+    d.add_argument("--state-layer", default="final",
+                   help="layer / point of the states variant (final = post-norm)")
+    d.add_argument("--state-tokens", type=int, default=2000,
+                   help="sampled token states per corpus for the states variant")
+    d.add_argument("--n-state-texts", type=int, default=64,
+                   help="texts per corpus for the states variant")
+    d.add_argument("--state-max-length", type=int, default=256, help="tokens kept per text")
+    e = p.add_argument_group("measured quality")
+    e.add_argument("--eval-texts", default=None, metavar="SPEC",
+                   help="held-out domain text for perplexity (default: --domain-texts, split "
+                        "in two disjoint halves; else builtin:math / builtin:code)")
+    e.add_argument("--n-eval", type=int, default=48, help="texts scored")
+    e.add_argument("--max-length", type=int, default=512, help="window length")
+    e.add_argument("--stride", type=int, default=256, help="sliding-window stride")
+    e.add_argument("--no-perplexity", action="store_true", help="rank only; measure nothing")
+    e.add_argument("--batch-size", type=int, default=8, help="texts / windows per forward pass")
+    e.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates")
+    e.add_argument("--no-cache", action="store_true", help="do not use the activation cache")
+    add_run_args(p, out=None)
+
+
+def config_from_args(args):
+    from ..experiments.select import SelectConfig
+
+    return SelectConfig(domain=args.domain, forms=args.forms, n_general=args.n_general,
+                        general_pool=args.general_pool, general_texts=args.general_texts,
+                        n_general_texts=args.n_general_texts, domain_texts=args.domain_texts,
+                        state_layer=args.state_layer, state_tokens=args.state_tokens,
+                        n_state_texts=args.n_state_texts,
+                        state_max_length=args.state_max_length, eval_texts=args.eval_texts,
+                        n_eval=args.n_eval, max_length=args.max_length, stride=args.stride,
+                        perplexity=not args.no_perplexity, batch_size=args.batch_size,
+                        n_boot=args.n_boot, seed=args.seed)
+
+
+def _fmt_agreement(a) -> str:
+    if not math.isfinite(a.value):
+        return f"undefined (n={a.n})"
+    s = f"{a.value:+.3f} (n={a.n}, {a.method})"
+    if math.isfinite(a.low):
+        s = f"{a.value:+.3f} [{a.low:+.3f}, {a.high:+.3f}] (n={a.n}, {a.method})"
+    return s
+
+
+def run(args) -> int:
+    from .._io import write_json
+    from ..errors import ConfigError
+    from ..experiments import table
+    from ..experiments.manifest import base_manifest, now
+    from ..experiments.select import (
+        config_dict,
+        domain_words,
+        filter_candidates,
+        model_candidates,
+        plot_select,
+        run_select,
+        select_rows,
+        suite_candidates,
+    )
+    from ..models import load_model
+    from ..report.html import write_report
+    from ..runs import prepare_out_dir, run_signature
+
+    t_start = time.perf_counter()
+    progress = progress_from_args(args)
+    if args.suite and args.model:
+        raise ConfigError("give either --model (repeatable) or --suite DIR, not both")
+    if args.suite:
+        cands = filter_candidates(
+            suite_candidates(args.suite),
+            widths=[w for w in (args.widths or "").split(",") if w.strip()] or None,
+            steps=[int(x) for x in (args.steps or "").split(",") if x.strip()] or None)
+    elif args.model:
+        cands = model_candidates(args.model)
+    else:
+        raise ConfigError("no candidates: give --model A --model B ... or --suite DIR")
+    config = config_from_args(args)
+    name = "suite" if args.suite else "_".join(c.label.replace("/", "_") for c in cands)[:80]
+    out = args.out or f"runs/select-{config.domain_name}-{name}"
+    if (args.widths or args.steps) and not args.suite:
+        raise ConfigError("--widths / --steps filter the checkpoints of --suite")
+    settings = {"candidates": [c.spec for c in cands], "suite": args.suite,
+                "revision": args.revision, "dtype": args.dtype, "select": config_dict(config)}
+    signature = run_signature(settings)
+    out_dir = prepare_out_dir(out, signature, overwrite=args.overwrite)
+    manifest = base_manifest("select", settings, signature)
+
+    def loader(spec):
+        return load_model(spec, dtype=args.dtype, device=args.device,
+                          revision=args.revision if not args.suite else None)
+
+    run_ = run_select(cands, config, model_loader=loader, cache=not args.no_cache,
+                      progress=progress)
+    df = table.frame(select_rows(run_))
+    table.write_table(df, out_dir, "select")
+    figs = plot_select(run_, out_dir / "plots")
+    variants = {
+        "W_U": "rows of the output projection W_U, no forward pass",
+        "states": f"sampled token states at {config.state_layer} of {config.domain_texts} vs "
+                  f"{config.general_texts} (forward pass)",
+    }
+    manifest.update({
+        "models": [c.name for c in cands], "texts": [t for t in (
+            config.general_texts, config.domain_texts, config.eval_spec) if t],
+        "domain": config.domain_name, "domain_words": list(domain_words(config.domain)[1]),
+        "variants": {v: variants[v] for v in run_.variants},
+        "ranking_quality": "bits per byte of held-out domain text (lower = better); within one "
+                           "tokenizer identical in order to perplexity",
+        "corpora": run_.corpora_info,
+        "candidates": [{
+            "name": r.candidate.name, "spec": r.candidate.spec, "label": r.candidate.label,
+            "revision": r.candidate.revision, "model_info": r.describe,
+            "domain_tokens": r.tokens.describe(), "general_tokens": r.general_info,
+            "gap_W_U": {"G": r.gap_wu.gap, "within": r.gap_wu.within,
+                        "between": r.gap_wu.between},
+            "gap_states": ({"G": r.gap_states.gap, "within": r.gap_states.within,
+                            "between": r.gap_states.between} if r.gap_states else None),
+            "perplexity": r.perplexity, "bits_per_byte": r.bits_per_byte,
+            "n_eval_tokens": r.n_eval_tokens, "n_eval_bytes": r.n_eval_bytes,
+            "timings": r.timings} for r in run_.results],
+        "agreement": {v: {"spearman": a.value, "ci_low": a.low, "ci_high": a.high, "n": a.n,
+                          "method": a.method} for v, a in run_.agreement.items()},
+        "agreement_by_group": {v: {g: {"spearman": a.value, "ci_low": a.low, "ci_high": a.high,
+                                       "n": a.n, "method": a.method} for g, a in d.items()}
+                               for v, d in run_.by_group.items()},
+        "seeds": {"general_sample": config.seed, "texts": config.seed, "states": config.seed,
+                  "bootstrap": config.seed},
+        "finished": now(),
+    })
+    caption = ("Each point is one candidate: its dispersion gap G (x; higher is read as better) "
+               "against the bits per byte it needs on held-out domain text (y; lower is "
+               "better). A perfect label-free ranking makes the points fall from left to right "
+               "(Spearman rho of G with -bits/byte = +1).")
+    report = write_report(out_dir, df, manifest,
+                          title=f"lmgeom select — domain {config.domain_name}",
+                          extra_figures=[("Dispersion gap vs measured quality", figs, caption)])
+    manifest["timings"] = {"total_s": time.perf_counter() - t_start}
+    write_json(out_dir / "manifest.json", manifest)
+
+    print(f"domain {config.domain_name}: {len(cands)} candidates; variant=W_U uses rows of W_U "
+          "(no forward pass)" + ("; variant=states uses hidden states of "
+                                 f"{config.domain_texts} vs {config.general_texts} at "
+                                 f"{config.state_layer}" if "states" in run_.variants else ""))
+    for r in run_.results:
+        dropped = f", dropped {', '.join(r.tokens.dropped)}" if r.tokens.dropped else ""
+        print(f"  {r.candidate.name}: |T|={len(r.tokens.ids)} single-token forms{dropped}; "
+              f"|T̄|={r.general_info['n']}")
+    print()
+    print_table(run_.summary(), floatfmt="{:.4g}")
+    if run_.agreement:
+        print(f"\nagreement with the measured ranking (Spearman of G with -bits/byte on "
+              f"{config.eval_spec}):")
+        for v, a in run_.agreement.items():
+            print(f"  variant={v}: {_fmt_agreement(a)}")
+            for grp, ag in run_.by_group.get(v, {}).items():
+                print(f"    within {grp}: {_fmt_agreement(ag)}")
+    elif config.eval_spec is None:
+        print("\n(no held-out domain text: ranking only; give --eval-texts to check it)")
+    order = sorted(range(len(run_.results)), key=lambda i: -run_.results[i].gap_wu.gap)
+    shown = [run_.results[i].candidate.name for i in order[:8]]
+    more = f" > ... ({len(order) - 8} more)" if len(order) > 8 else ""
+    print("\nlabel-free ranking (variant=W_U, best first): " + " > ".join(shown) + more)
+    print(f"\nwrote {out_dir}/select.parquet, select.csv, manifest.json, plots and the report:")
+    print(f"  {report.resolve()}")
+    print(f"total {manifest['timings']['total_s']:.1f} s")
+    return 0

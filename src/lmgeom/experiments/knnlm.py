@@ -1,0 +1,482 @@
+"""kNN-LM and its label-free layer selection (METHODS.md, "kNN-LM layer selection").
+
+Procedure, for one model:
+
+1. **Corpora.** ``train_texts`` builds the datastore, ``eval_texts`` is scored. When no eval
+   set is given (or it is the same spec), the train corpus is split by *text*: a seeded
+   ``eval_fraction`` of its texts (``numpy.random.default_rng(seed)``) is held out, the rest
+   is the training corpus, so no evaluated passage is in the datastore.
+2. **Chunks.** Each corpus becomes fixed-length token chunks exactly as in
+   :func:`lmgeom.experiments.dispersion.make_chunks` (texts joined by EOS, chunks of
+   ``chunk_len`` tokens, BOS in front when the tokenizer adds one, a seeded sample of
+   ``max_train_tokens // chunk_len`` resp. ``max_eval_tokens // chunk_len`` chunks).
+3. **Dispersion of each candidate point** (the label-free part; with ``select``): a seeded
+   sample of training chunks holding about ``select_tokens`` token positions is run once
+   (:func:`lmgeom.lm.perplexity.forward_chunks`, no logits). Per point two figures:
+   ``knnlm_dispersion`` = ``D`` of all sampled token states pooled (``n ≈ select_tokens``;
+   the ranking uses this one) and ``knnlm_dispersion_chunk`` = the mean over chunks of the
+   token-level ``D`` of each chunk's states (the paper's released code). A prepended BOS is
+   left out, as in ``lmgeom dispersion``. Points are ranked by dispersion, high first; the
+   paper's claim is that the higher-dispersion point gives the better kNN-LM.
+4. **Datastores** (:func:`lmgeom.lm.knnlm.build_datastores`) for the evaluated points — every
+   candidate, or the ``top`` N by dispersion — from one forward pass over the training chunks.
+5. **Queries** of every evaluated point and ``log p_LM(target)`` from one forward pass over the
+   eval chunks; the base perplexity is also computed by
+   :func:`lmgeom.lm.perplexity.forward_chunks` (the shared perplexity) and checked against the
+   λ = 0 value.
+6. **Retrieval** once per point (k neighbours), then the interpolated perplexity for every
+   λ of the sweep (``lambdas`` ∪ {``lam``}).
+7. **Selection check**: the point with the highest dispersion vs the point with the lowest
+   kNN-LM perplexity at ``lam`` (ties: the first in candidate order); ``selection_match`` is 1
+   when they agree.
+
+Tidy rows (:mod:`lmgeom.experiments.table`; ``setting`` starts with ``eval=SPEC``):
+per point: ``knnlm_perplexity`` (setting ``...;lambda=X``), ``knnlm_target_recall``,
+``knnlm_datastore_size``, ``knnlm_dispersion`` / ``knnlm_dispersion_chunk`` (setting
+``train=SPEC;tokens=N``), ``knnlm_dispersion_rank``; model level (``layer = ""``):
+``perplexity`` (base LM on the eval chunks, setting ``eval=SPEC``), ``knnlm_selection_match``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, TextsError
+from ..lm.knnlm import (
+    DEFAULT_K,
+    DEFAULT_LAMBDA,
+    DEFAULT_LAMBDAS,
+    DEFAULT_TEMPERATURE,
+    DISTANCES,
+    IndexSpec,
+    KnnEval,
+)
+from . import table
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POINT = "last.ffn_in"
+"""The reference kNN-LM key (Khandelwal et al.: the input of the last FFN, after its norm)."""
+DEFAULT_CANDIDATES = "last.attn_out,last.ffn_in,last.ffn_out,last,final"
+DEFAULT_TRAIN_TEXTS = "builtin:wiki"
+DEFAULT_CHUNK_LEN = 512
+DEFAULT_MAX_TRAIN_TOKENS = 100_000
+DEFAULT_MAX_EVAL_TOKENS = 4096
+DEFAULT_SELECT_TOKENS = 5000
+DEFAULT_EVAL_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class KnnConfig:
+    """Settings of a kNN-LM run (all recorded in the manifest)."""
+
+    point: str = DEFAULT_POINT
+    select: bool = False
+    candidates: str = DEFAULT_CANDIDATES
+    top: int | None = None
+    select_tokens: int = DEFAULT_SELECT_TOKENS
+    k: int = DEFAULT_K
+    lam: float = DEFAULT_LAMBDA
+    lambdas: tuple[float, ...] = DEFAULT_LAMBDAS
+    temperature: float | str = DEFAULT_TEMPERATURE
+    temperatures: tuple[float | str, ...] = ()
+    distance: str = "sqeuclidean"
+    index: str = "flat"
+    nlist: int | None = None
+    nprobe: int | None = None
+    pq_m: int | None = None
+    recompute: bool = False
+    chunk_len: int = DEFAULT_CHUNK_LEN
+    max_train_tokens: int = DEFAULT_MAX_TRAIN_TOKENS
+    max_eval_tokens: int = DEFAULT_MAX_EVAL_TOKENS
+    eval_fraction: float = DEFAULT_EVAL_FRACTION
+    batch_size: int = 4
+    bos: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.k < 1:
+            raise ConfigError(f"k must be >= 1, got {self.k}")
+        for lam in (self.lam, *self.lambdas):
+            if not 0.0 <= float(lam) <= 1.0:
+                raise ConfigError(f"lambda values must be in [0, 1], got {lam}")
+        for temp in (self.temperature, *self.temperatures):
+            if isinstance(temp, str) and temp.strip().lower() == "auto":
+                continue
+            try:
+                ok = float(temp) > 0 and math.isfinite(float(temp))
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ConfigError(f"temperature must be a positive number or 'auto', got {temp!r}")
+        if self.distance not in DISTANCES:
+            raise ConfigError(f"distance must be one of {', '.join(DISTANCES)}")
+        if self.top is not None and self.top < 1:
+            raise ConfigError(f"top must be >= 1, got {self.top}")
+        if self.chunk_len < 2:
+            raise ConfigError(f"chunk_len must be >= 2, got {self.chunk_len}")
+        if self.max_train_tokens < self.chunk_len or self.max_eval_tokens < self.chunk_len:
+            raise ConfigError(f"max_train_tokens and max_eval_tokens must be at least one chunk "
+                              f"({self.chunk_len} tokens)")
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise ConfigError(f"eval_fraction must be in (0, 1), got {self.eval_fraction}")
+        if self.select_tokens < 2:
+            raise ConfigError(f"select_tokens must be >= 2, got {self.select_tokens}")
+        IndexSpec(kind=self.index, nlist=self.nlist, nprobe=self.nprobe, pq_m=self.pq_m)
+
+    @property
+    def index_spec(self) -> IndexSpec:
+        return IndexSpec(kind=self.index, nlist=self.nlist, nprobe=self.nprobe, pq_m=self.pq_m,
+                         seed=self.seed)
+
+    @property
+    def sweep(self) -> tuple[float, ...]:
+        return tuple(sorted({float(x) for x in (*self.lambdas, self.lam)}))
+
+
+def config_dict(config: KnnConfig) -> dict[str, Any]:
+    d = asdict(config)
+    d["lambdas"] = list(config.lambdas)
+    d["temperatures"] = list(config.temperatures)
+    return d
+
+
+# ---------------------------------------------------------------------- corpora
+def split_corpus(train, eval_=None, *, fraction: float = DEFAULT_EVAL_FRACTION, seed: int = 0):
+    """``(train TextSet, eval TextSet, how)``: ``eval_`` as given, or a seeded ``fraction`` of
+    the train texts held out (the rest trains)."""
+    from ..texts import as_textset
+
+    tr = as_textset(train)
+    if eval_ is not None:
+        ev = as_textset(eval_)
+        if ev.hash != tr.hash:
+            return tr, ev, "given"
+    if len(tr) < 2:
+        raise TextsError("the training corpus has fewer than 2 texts: it cannot be split into "
+                         "a datastore part and a held-out part; give --eval-texts")
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(tr))
+    n_eval = int(min(len(tr) - 1, max(1, round(fraction * len(tr)))))
+    ev_idx, tr_idx = np.sort(perm[:n_eval]), np.sort(perm[n_eval:])
+    return tr.subset(tr_idx), tr.subset(ev_idx), f"held-out {n_eval} of {len(tr)} texts (seed {seed})"
+
+
+# ---------------------------------------------------------------------- dispersion
+def unit_sum(h, mask):
+    """Reducer: per row, ``[Σ_t h_t / ‖h_t‖, n]`` over masked positions, ``(B, d + 1)``
+    float64 (pooled dispersion over many rows follows from the summed unit vectors)."""
+    import torch
+
+    x = h.double()
+    u = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-300)
+    m = mask.to(torch.float64)
+    s = (u * m[..., None]).sum(1)
+    return torch.cat([s, m.sum(1, keepdim=True)], dim=1).cpu().numpy()
+
+
+def pooled_dispersion(unit_sums: np.ndarray) -> tuple[float, int]:
+    """``D`` of all token states behind rows of :func:`unit_sum` output: with ``s = Σ u`` over
+    all n states, ``D = n / (n - 1) · (1 - ‖s / n‖²)``."""
+    a = np.asarray(unit_sums, dtype=np.float64)
+    s = a[:, :-1].sum(0)
+    n = int(np.rint(a[:, -1].sum()))
+    if n < 2:
+        return math.nan, n
+    u = s / n
+    return float(n / (n - 1) * (1.0 - u @ u)), n
+
+
+@dataclass(frozen=True)
+class PointDispersion:
+    point: str
+    pooled: float
+    chunk_mean: float
+    n_tokens: int
+    n_chunks: int
+
+
+def measure_point_dispersion(model, chunks, points, *, n_tokens: int = DEFAULT_SELECT_TOKENS,
+                             seed: int = 0, batch_size: int = 4, cache: bool = True,
+                             progress: bool | None = None) -> dict[str, PointDispersion]:
+    """Dispersion of each point on a seeded sample of ``chunks`` holding about ``n_tokens``
+    positions (see the module docstring, step 3)."""
+    from ..lm.perplexity import forward_chunks
+    from .dispersion import token_dispersion
+
+    red_from = 1 if chunks.bos else 0
+    per_chunk = chunks.tokens.shape[1] - red_from
+    want = min(len(chunks), max(1, math.ceil(n_tokens / per_chunk)))
+    pick = np.sort(np.random.default_rng(seed).choice(len(chunks), size=want, replace=False))
+    res = forward_chunks(model, chunks.tokens[pick], tuple(points),
+                         {"unit_sum": unit_sum, "token_dispersion": token_dispersion},
+                         nll=False, reduce_from=red_from, batch_size=batch_size, cache=cache,
+                         progress=progress, desc=f"dispersion {model.name}")
+    out = {}
+    for p in points:
+        pooled, n = pooled_dispersion(res.reduced["unit_sum"][p])
+        td = res.reduced["token_dispersion"][p].astype(np.float64)
+        out[p] = PointDispersion(point=p, pooled=pooled, chunk_mean=float(np.nanmean(td)),
+                                 n_tokens=n, n_chunks=int(want))
+    return out
+
+
+# ---------------------------------------------------------------------- the run
+@dataclass
+class KnnRun:
+    """Everything one kNN-LM run measured.
+
+    Attributes:
+        model: model spec; ``train`` / ``eval``: corpus labels; ``split``: how eval was made.
+        points: the candidate points (canonical labels), ``evaluated``: those with a datastore.
+        dispersion: ``point -> PointDispersion`` (every candidate).
+        ranking: candidates by dispersion, high first.
+        evals: ``point -> KnnEval``.
+        base_perplexity: base LM on the eval chunks (:func:`forward_chunks`).
+        base_perplexity_lambda0: the same from the kNN-LM pass at λ = 0 (must agree).
+        picked, best, match: dispersion's choice, the measured best at ``config.lam``, equal?
+        n_train_tokens / n_eval_tokens: datastore entries / scored tokens.
+    """
+
+    model: str
+    train: str
+    eval: str
+    split: str
+    config: KnnConfig
+    points: tuple[str, ...]
+    evaluated: tuple[str, ...]
+    layer_index: dict[str, int]
+    n_blocks: int
+    dispersion: dict[str, PointDispersion]
+    ranking: tuple[str, ...]
+    evals: dict[str, KnnEval]
+    base_perplexity: float
+    base_perplexity_lambda0: float
+    picked: str
+    best: str
+    match: bool
+    n_train_tokens: int
+    n_eval_tokens: int
+    datastores: dict[str, str] = field(default_factory=dict)
+    best_by_setting: dict[str, str] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> list[dict[str, Any]]:
+        """One dict per candidate point (CLI table)."""
+        out = []
+        lam = float(self.config.lam)
+        for p in self.ranking:
+            ev = self.evals.get(p)
+            d = self.dispersion[p]
+            row = {"point": p, "dispersion": d.pooled, "disp_chunk": d.chunk_mean,
+                   "rank": self.ranking.index(p) + 1}
+            if ev is not None:
+                row[f"ppl λ={lam:g}"] = ev.perplexity[lam]
+                tl, bl, bv = ev.best
+                row["best (T, λ)"] = f"{tl}, {bl:g}"
+                row["ppl best"] = bv
+                row["recall"] = ev.target_recall
+            else:
+                row[f"ppl λ={lam:g}"] = "not run"
+            out.append(row)
+        return out
+
+
+def run_knnlm(model, train, eval_=None, config: KnnConfig | None = None, *,
+              train_label: str | None = None, eval_label: str | None = None,
+              cache: bool = True, datastore_root=None, threads: int | None = None,
+              progress: bool | None = None) -> KnnRun:
+    """Dispersion of the candidate points, datastores, retrieval and the λ sweep (see the
+    module docstring)."""
+    from ..lm.knnlm import build_datastores, evaluate, perplexity_of, position_states
+    from ..lm.perplexity import forward_chunks
+    from ..models import load_model
+    from .dispersion import make_chunks
+
+    config = config or KnnConfig()
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    model = load_model(model)
+    tr, ev, how = split_corpus(train, eval_, fraction=config.eval_fraction, seed=config.seed)
+    train_label = train_label or tr.source
+    eval_label = eval_label or (f"{train_label} (held out)" if how != "given" else ev.source)
+    if config.select:
+        points = model.resolve_points(config.candidates)
+    else:
+        points = model.resolve_points(config.point)
+    cl = config.chunk_len
+    from ..lm.perplexity import model_context
+
+    ctx = model_context(model)
+    if ctx is not None and cl + 1 > ctx:
+        raise ConfigError(f"chunk_len {cl} (+1 for a BOS) exceeds the context of {model.name} "
+                          f"({ctx} tokens); use a smaller --chunk-len")
+    tr_ch = make_chunks(model, tr, cl, max_chunks=max(1, config.max_train_tokens // cl),
+                        seed=config.seed, bos=config.bos)
+    ev_ch = make_chunks(model, ev, cl, max_chunks=max(1, config.max_eval_tokens // cl),
+                        seed=config.seed, bos=config.bos)
+    timings["chunking_s"] = time.perf_counter() - t0
+
+    t = time.perf_counter()
+    disp = measure_point_dispersion(model, tr_ch, points, n_tokens=config.select_tokens,
+                                    seed=config.seed, batch_size=config.batch_size,
+                                    cache=cache, progress=progress)
+    timings["dispersion_s"] = time.perf_counter() - t
+    ranking = tuple(sorted(points, key=lambda p: (-_finite(disp[p].pooled), points.index(p))))
+    evaluated = ranking[: config.top] if (config.select and config.top) else points
+    evaluated = tuple(p for p in points if p in evaluated)  # keep candidate order
+
+    t = time.perf_counter()
+    stores = build_datastores(model, tr_ch.tokens, evaluated, batch_size=config.batch_size,
+                              cache=cache, root=datastore_root, progress=progress)
+    timings["datastore_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    q = position_states(model, ev_ch.tokens, evaluated, lm_log_prob=True,
+                        batch_size=config.batch_size, progress=progress,
+                        desc=f"queries {model.name}")
+    timings["queries_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    base = forward_chunks(model, ev_ch.tokens, nll=True, batch_size=config.batch_size,
+                          progress=progress, desc=f"ppl {model.name}")
+    base_ppl = math.exp(float(base.nll_sum.sum()) / float(base.n_predicted.sum()))
+    base0 = perplexity_of(q.lm_log_prob)
+    if not math.isclose(base_ppl, base0, rel_tol=1e-6):
+        log.warning("base perplexity %.6g (perplexity module) differs from the kNN-LM pass at "
+                    "lambda=0 (%.6g)", base_ppl, base0)
+    timings["base_ppl_s"] = time.perf_counter() - t
+
+    evals: dict[str, KnnEval] = {}
+    for p in evaluated:
+        t = time.perf_counter()
+        evals[p] = evaluate(stores[p], q.states[p], q.targets, q.lm_log_prob, k=config.k,
+                            lambdas=config.sweep, temperature=config.temperature,
+                            temperatures=config.temperatures, distance=config.distance, index=config.index_spec,
+                            recompute=config.recompute, threads=threads)
+        timings[f"search_s[{p}]"] = time.perf_counter() - t
+    lam = float(config.lam)
+    picked = next(p for p in ranking if p in evaluated)
+    best = min(evaluated, key=lambda p: (evals[p].perplexity[lam], evaluated.index(p)))
+    best_by_setting = {}
+    for tl, lam_ in next(iter(evals.values())).grid:
+        if lam_ > 0:
+            b = min(evaluated, key=lambda p, _k=(tl, lam_): (evals[p].grid[_k], evaluated.index(p)))
+            best_by_setting[f"T={tl};lambda={lam_:g}"] = b
+    timings["total_s"] = time.perf_counter() - t0
+    return KnnRun(
+        model=model.name, train=train_label, eval=eval_label, split=how, config=config,
+        points=points, evaluated=evaluated,
+        layer_index={p: model.point_index(p) for p in points}, n_blocks=model.n_blocks,
+        dispersion=disp, ranking=ranking, evals=evals, base_perplexity=base_ppl,
+        base_perplexity_lambda0=base0, picked=picked, best=best, match=picked == best,
+        n_train_tokens=len(stores[evaluated[0]]), n_eval_tokens=len(q),
+        datastores={p: str(stores[p].folder) for p in evaluated},
+        best_by_setting=best_by_setting,
+        info={"train_texts": len(tr), "eval_texts": len(ev), "train_hash": tr.hash,
+              "eval_hash": ev.hash, "train_chunks": len(tr_ch), "eval_chunks": len(ev_ch),
+              "train_chunks_available": tr_ch.n_available,
+              "eval_chunks_available": ev_ch.n_available, "bos": tr_ch.bos,
+              "index": {p: evals[p].index for p in evaluated},
+              "k_used": {p: evals[p].k for p in evaluated}},
+        timings=timings,
+    )
+
+
+def _tname(t) -> str:
+    from ..lm.knnlm import temperature_label
+
+    return temperature_label(t)
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -math.inf
+
+
+def knnlm_rows(run: KnnRun, *, revision: str = "") -> list[dict[str, Any]]:
+    """Tidy rows of one :class:`KnnRun` (see the module docstring)."""
+    c = run.config
+    L1 = run.n_blocks + 1
+    base = {"model": run.model, "revision": revision}
+    s_eval = f"eval={run.eval}"
+    rows = [table.row(**base, metric="perplexity", setting=s_eval, value=run.base_perplexity,
+                      n=run.n_eval_tokens)]
+    for p in run.points:
+        li = run.layer_index[p]
+        at = {**base, "layer": p, "layer_index": li, "depth": li / L1}
+        d = run.dispersion[p]
+        s_train = f"train={run.train};tokens={d.n_tokens}"
+        rows.append(table.row(**at, metric="knnlm_dispersion", setting=s_train, value=d.pooled,
+                              seed=c.seed, n=d.n_tokens))
+        rows.append(table.row(**at, metric="knnlm_dispersion_chunk", setting=s_train,
+                              value=d.chunk_mean, seed=c.seed, n=d.n_chunks))
+        rows.append(table.row(**at, metric="knnlm_dispersion_rank", setting=s_train,
+                              value=run.ranking.index(p) + 1, n=len(run.points)))
+        ev = run.evals.get(p)
+        if ev is None:
+            continue
+        knn = f"k={ev.k};distance={ev.distance};index={ev.index['kind']}"
+        order = sorted(ev.grid.items(), key=lambda kv: (kv[0][0] != ev.temperature_name, kv[0]))
+        for (tl, lam), ppl in order:
+            rows.append(table.row(**at, metric="knnlm_perplexity",
+                                  setting=f"{s_eval};lambda={lam:g};T={tl};{knn}", value=ppl,
+                                  n=ev.n_queries))
+        for tl, tv in ev.temperatures.items():
+            rows.append(table.row(**at, metric="knnlm_temperature", setting=f"{s_eval};T={tl}",
+                                  value=tv, n=ev.n_queries))
+        rows.append(table.row(**at, metric="knnlm_nn_distance", setting=f"{s_eval};{knn}",
+                              value=ev.nn_distance, n=ev.n_queries))
+        rows.append(table.row(**at, metric="knnlm_target_recall", setting=f"{s_eval};{knn}",
+                              value=ev.target_recall, n=ev.n_queries))
+        rows.append(table.row(**at, metric="knnlm_datastore_size", setting=f"train={run.train}",
+                              value=ev.n_keys))
+    rows.append(table.row(**base, metric="knnlm_selection_match",
+                          setting=f"{s_eval};lambda={c.lam:g};T={_tname(c.temperature)};"
+                                  f"picked={run.picked};best={run.best}",
+                          value=float(run.match), n=len(run.evaluated)))
+    return rows
+
+
+def plot_knnlm(run: KnnRun, out_dir, stem: str = "knnlm") -> list:
+    """Left: kNN-LM perplexity per point for each λ > 0 (dashed: the base LM); right: the
+    dispersion of each candidate point (the label-free ranking)."""
+    from matplotlib.figure import Figure
+
+    from ..report.plots import save_figure
+
+    fig = Figure(figsize=(10, 3.8))
+    ax1, ax2 = fig.subplots(1, 2)
+    pts = list(run.points)
+    x = np.arange(len(pts))
+    grid_keys = next(iter(run.evals.values())).grid
+    lams = sorted({lam for _, lam in grid_keys if lam > 0})
+    colors = {lam: f"C{i}" for i, lam in enumerate(lams)}
+    for tl, lam in grid_keys:
+        if lam == 0:
+            continue
+        ys = [run.evals[p].grid[(tl, lam)] if p in run.evals else np.nan for p in pts]
+        ax1.plot(x, ys, "o-" if tl == _tname(run.config.temperature) else "s:", ms=4,
+                 color=colors[lam], label=f"λ = {lam:g}, T = {tl}")
+    ax1.axhline(run.base_perplexity, ls="--", color="k", lw=1,
+                label=f"base LM {run.base_perplexity:.3g}")
+    ax1.set_xticks(x, pts, rotation=20, fontsize=8)
+    ax1.set_ylabel("perplexity (eval)")
+    ax1.set_title(f"kNN-LM, k={run.config.k}", fontsize=9)
+    ax1.legend(fontsize=7)
+    ax1.grid(alpha=0.25)
+    vals = [run.dispersion[p].pooled for p in pts]
+    colors = ["#d62728" if p == run.picked else "#1f77b4" for p in pts]
+    ax2.bar(x, vals, color=colors)
+    ax2.set_xticks(x, pts, rotation=20, fontsize=8)
+    ax2.set_ylabel("dispersion (train tokens)")
+    ax2.set_title(f"dispersion ranking: picked {run.picked}, best {run.best} "
+                  f"({'match' if run.match else 'no match'})", fontsize=9)
+    ax2.grid(alpha=0.25, axis="y")
+    fig.suptitle(f"{run.model}: kNN-LM by measurement point", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, out_dir, stem)

@@ -1,0 +1,737 @@
+"""Label-free model / checkpoint selection with the dispersion gap (METHODS.md,
+"Applications": dispersion gap).
+
+``G = D(T) + D(T, T̄)``: ``D(T)`` is the dispersion among the domain tokens' vectors,
+``D(T, T̄)`` the mean cosine distance between them and general tokens' vectors
+(:func:`lmgeom.metrics.dispersion_gap`). A higher G is read as "the model separates the
+domain's tokens better", i.e. a better model for the domain. Two variants; every number says
+which one it used (``variant=`` in ``setting``):
+
+* ``variant=W_U`` (no forward pass): the vectors are the tokens' rows of the output
+  projection ``W_U``.
+* ``variant=states`` (forward pass): the same formula on hidden states — a seeded sample of
+  token states (``tokens`` pooling, position 0 excluded) of domain text vs general text at
+  ``state_layer`` (default ``final``, the post-norm state the readout reads).
+
+**Domain tokens T** (``W_U`` variant). ``math``: the digits ``0``–``9``; ``code``: Python's
+keywords (``keyword.kwlist``); or a user-given comma-separated word list. Each word is
+mapped with *each candidate's own tokenizer*: its forms ``word`` and ``" word"`` (leading
+space; ``forms="both"``, the default; ``bare`` / ``space`` keep one) are encoded without
+special tokens, and a form is kept only when it encodes to **exactly one** token id; words with
+no single-id form (e.g. ``nonlocal`` → ``non`` + ``local`` in SmolLM2) are dropped and listed in
+the manifest, and duplicate ids are counted once. So T is the set of distinct ids of
+single-token forms; its size can differ between tokenizers (the manifest records every kept
+``(word, form, id)``).
+
+**General tokens T̄.** The general corpus (``general_texts``, default ``builtin:wiki``,
+``n_general_texts`` texts) is tokenized without special tokens; ids are counted; special
+tokens and T's ids are removed; of the ``general_pool`` most frequent remaining ids (ties by
+id) a seeded sample of ``n_general`` is drawn (``numpy.random.default_rng(seed)``, without
+replacement). "Frequent" is therefore measured on real text with the model's own tokenizer.
+
+**Measured quality** (where eval text is available: ``eval_texts``, else ``domain_texts``,
+else ``builtin:math`` / ``builtin:code`` for those domains): perplexity of held-out domain text
+(:func:`lmgeom.lm.perplexity.perplexity`, sliding windows, every token after the first
+scored) and **bits per byte** = ``Σ NLL / ln 2 / Σ scored UTF-8 bytes``. Rankings use bits
+per byte: within one tokenizer it orders candidates exactly as perplexity does on the same
+texts, and unlike per-token perplexity it is comparable across tokenizers (model families).
+Scored bytes = the texts' bytes minus, for tokenizers that prepend no BOS, the bytes of each
+text's first (unscored) token. When the states variant and the evaluation use the same corpus
+it is split by text into two disjoint halves (seeded), so states never come from scored text.
+
+**Agreement**: Spearman ρ between G and ``-bits_per_byte`` over the candidates (+1: the
+label-free ranking equals the measured one). With at least :data:`MIN_N_CI` candidates a
+bootstrap 95 % interval (:func:`lmgeom.metrics.correlation_with_ci`); with fewer, the value
+and n only (for n = 2 the value is ±1: whether the two orders agree).
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import logging
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, ModelError, TextsError
+from . import table
+
+log = logging.getLogger(__name__)
+
+DOMAINS: dict[str, tuple[str, ...]] = {
+    "math": tuple("0123456789"),
+    "code": tuple(keyword.kwlist),
+}
+DEFAULT_EVAL_TEXTS = {"math": "builtin:math", "code": "builtin:code"}
+DEFAULT_GENERAL_TEXTS = "builtin:wiki"
+FORMS = ("both", "bare", "space")
+VARIANTS = ("W_U", "states")
+#: Fewest candidates for which the agreement gets a bootstrap interval.
+MIN_N_CI = 5
+
+
+# ---------------------------------------------------------------------- tokens
+def domain_words(domain: str) -> tuple[str, tuple[str, ...]]:
+    """``(name, words)``: ``math`` / ``code``, or a comma-separated list (name ``custom``)."""
+    d = str(domain).strip()
+    if d in DOMAINS:
+        return d, DOMAINS[d]
+    words = tuple(dict.fromkeys(w.strip() for w in d.split(",") if w.strip()))
+    if len(words) < 2:
+        raise ConfigError(f"--domain {domain!r}: use math, code, or at least 2 comma-separated "
+                          "tokens (e.g. 'def,return,class')")
+    return "custom", words
+
+
+@dataclass(frozen=True)
+class TokenSet:
+    """Domain token ids for one tokenizer.
+
+    Attributes:
+        ids: ``(|T|,)`` distinct ids, in word order.
+        kept: ``(word, form, id, token string)`` of every single-id form.
+        dropped: words with no single-id form.
+    """
+
+    ids: np.ndarray
+    kept: tuple[tuple[str, str, int, str], ...]
+    dropped: tuple[str, ...]
+
+    def describe(self) -> dict[str, Any]:
+        return {"n": len(self.ids), "kept": [list(k) for k in self.kept],
+                "dropped": list(self.dropped)}
+
+
+def domain_token_ids(tokenizer, words: Sequence[str], *, forms: str = "both") -> TokenSet:
+    """Map words to single token ids with ``tokenizer`` (see the module docstring)."""
+    if forms not in FORMS:
+        raise ConfigError(f"forms must be one of {', '.join(FORMS)}, got {forms!r}")
+    variants = {"both": ("{}", " {}"), "bare": ("{}",), "space": (" {}",)}[forms]
+    kept: list[tuple[str, str, int, str]] = []
+    dropped: list[str] = []
+    seen: set[int] = set()
+    for w in words:
+        got = False
+        for v in variants:
+            form = v.format(w)
+            ids = tokenizer(form, add_special_tokens=False)["input_ids"]
+            if len(ids) == 1:
+                got = True
+                i = int(ids[0])
+                if i not in seen:
+                    seen.add(i)
+                    kept.append((w, form, i, str(tokenizer.convert_ids_to_tokens(i))))
+        if not got:
+            dropped.append(w)
+    return TokenSet(ids=np.array([k[2] for k in kept], dtype=np.int64), kept=tuple(kept),
+                    dropped=tuple(dropped))
+
+
+def general_token_ids(tokenizer, texts: Sequence[str], exclude, *, n: int = 500,
+                      pool: int = 5000, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+    """A seeded sample of ``n`` of the ``pool`` most frequent ids of ``texts`` that are not in
+    ``exclude`` and not special tokens. Returns ``(ids, info)``."""
+    if n < 1 or pool < 1:
+        raise ConfigError(f"n_general and general_pool must be >= 1 (got {n}, {pool})")
+    enc = tokenizer(list(texts), add_special_tokens=False, truncation=False,
+                    verbose=False)["input_ids"]
+    counts: Counter[int] = Counter()
+    for row in enc:
+        counts.update(int(i) for i in row)
+    bad = {int(i) for i in exclude} | {int(i) for i in getattr(tokenizer, "all_special_ids", [])}
+    ranked = sorted((i for i in counts if i not in bad), key=lambda i: (-counts[i], i))
+    if not ranked:
+        raise TextsError("the general corpus has no tokens outside the domain set")
+    top = np.array(ranked[:pool], dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    ids = np.sort(rng.choice(top, size=min(n, len(top)), replace=False))
+    info = {"n": len(ids), "pool": len(top), "distinct_in_corpus": len(counts),
+            "corpus_tokens": int(sum(counts.values())), "seed": int(seed),
+            "examples": [str(tokenizer.convert_ids_to_tokens(int(i))) for i in ids[:12]]}
+    return ids, info
+
+
+# ---------------------------------------------------------------------- candidates
+@dataclass(frozen=True)
+class Candidate:
+    """One model to rank: ``spec`` is what :func:`load_model` gets; ``label`` / ``revision``
+    go into the table's ``model`` / ``revision`` columns."""
+
+    spec: str
+    label: str
+    revision: str = ""
+    step: int | None = None
+    group: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.label}@{self.revision}" if self.revision else self.label
+
+
+_STEP = re.compile(r"^step[_-]?(\d+)$")
+
+
+def suite_candidates(folder: str | Path) -> list[Candidate]:
+    """Checkpoints of a locally trained suite (``lmgeom suite train --out DIR``).
+
+    A folder with ``suite.json`` is read with :func:`lmgeom.training.suite.suite_checkpoints`
+    (widths labelled ``w64`` ..., revisions ``step<N>``). Otherwise reads ``DIR/manifest.json``
+    when it lists checkpoints (a list under ``checkpoints``,
+    ``models`` or ``runs`` whose entries have a ``path``/``dir``/``folder``, optional ``width``,
+    ``step``), else finds every ``DIR/<width>/step<N>/`` folder with a ``config.json``.
+    Ordered by width, then step.
+    """
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise ModelError(f"--suite {root}: no such folder (train one with `lmgeom suite train "
+                         f"--out {root}`)")
+    found: dict[str, Candidate] = {}
+    if (root / "suite.json").is_file():
+        try:
+            from ..training.suite import suite_checkpoints
+        except ImportError:  # pragma: no cover - training extra missing
+            suite_checkpoints = None
+        if suite_checkpoints is not None:
+            for ck in suite_checkpoints(root):
+                p = Path(ck["path"])
+                found[str(p.resolve())] = _suite_candidate(root, p, str(ck["label"]),
+                                                           int(ck["step"]))
+            if found:
+                return sorted(found.values(),
+                              key=lambda c: (_width_key(c.group), c.step or 0, c.spec))
+    man = root / "manifest.json"
+    if man.is_file():
+        try:
+            data = json.loads(man.read_text())
+        except ValueError as exc:
+            raise ModelError(f"--suite {root}: manifest.json is not valid JSON ({exc})") from exc
+        for entry in _manifest_entries(data):
+            path = entry.get("path") or entry.get("dir") or entry.get("folder")
+            if not path:
+                continue
+            p = Path(path)
+            p = p if p.is_absolute() else root / p
+            if not (p / "config.json").is_file():
+                continue
+            width = str(entry.get("width", p.parent.name))
+            step = entry.get("step")
+            if step is None:
+                m = _STEP.match(p.name)
+                step = int(m.group(1)) if m else None
+            found[str(p.resolve())] = _suite_candidate(root, p, width, step)
+    if not found:
+        for cfg in sorted(root.glob("*/*/config.json")):
+            p = cfg.parent
+            m = _STEP.match(p.name)
+            if m:
+                found[str(p.resolve())] = _suite_candidate(root, p, p.parent.name,
+                                                           int(m.group(1)))
+    if not found:
+        raise ModelError(f"--suite {root}: no checkpoints found (expected manifest.json or "
+                         "<width>/step<N>/ model folders)")
+    return sorted(found.values(), key=lambda c: (_width_key(c.group), c.step or 0, c.spec))
+
+
+def filter_candidates(cands: Sequence[Candidate], *, widths: Sequence[str] | None = None,
+                      steps: Sequence[int] | None = None) -> list[Candidate]:
+    """Keep suite checkpoints of the given widths (``64`` or ``w64``) and steps."""
+    out = list(cands)
+    if widths:
+        want = {str(w).lstrip("w") for w in widths}
+        out = [c for c in out if c.group.lstrip("w") in want]
+    if steps:
+        want_s = {int(x) for x in steps}
+        out = [c for c in out if c.step in want_s]
+    if not out:
+        raise ConfigError("no suite checkpoint matches --widths / --steps")
+    return out
+
+
+def _manifest_entries(data: Any) -> list[dict[str, Any]]:
+    if isinstance(data, list):
+        return [e for e in data if isinstance(e, dict)]
+    if not isinstance(data, dict):
+        return []
+    for key in ("checkpoints", "models", "runs"):
+        v = data.get(key)
+        if isinstance(v, list):
+            return [e for e in v if isinstance(e, dict)]
+        if isinstance(v, dict):  # {width: [entries]} or {width: {step: path}}
+            out = []
+            for width, sub in v.items():
+                items = sub if isinstance(sub, list) else (
+                    [{"step": s, "path": q} for s, q in sub.items()] if isinstance(sub, dict)
+                    else [])
+                for e in items:
+                    if isinstance(e, dict):
+                        out.append({"width": width, **e})
+                    elif isinstance(e, str):
+                        out.append({"width": width, "path": e})
+            return out
+    return []
+
+
+def _width_key(w: str) -> tuple[int, str]:
+    digits = re.sub(r"\D", "", w)
+    return (int(digits) if digits else 0, w)
+
+
+def _suite_candidate(root: Path, path: Path, width: str, step: int | None) -> Candidate:
+    group = str(width)
+    return Candidate(spec=str(path), label=f"{root.name}/{group}",
+                     revision=f"step{step}" if step is not None else path.name, step=step,
+                     group=group)
+
+
+def model_candidates(specs: Sequence[str]) -> list[Candidate]:
+    out, seen = [], set()
+    for s in specs:
+        if s in seen:
+            raise ConfigError(f"--model {s} is given twice")
+        seen.add(s)
+        out.append(Candidate(spec=s, label=s))
+    return out
+
+
+# ---------------------------------------------------------------------- config & measurement
+@dataclass(frozen=True)
+class SelectConfig:
+    """Settings of a selection run (all recorded in the manifest)."""
+
+    domain: str = "math"
+    forms: str = "both"
+    n_general: int = 500
+    general_pool: int = 5000
+    general_texts: str = DEFAULT_GENERAL_TEXTS
+    n_general_texts: int = 300
+    domain_texts: str | None = None
+    state_layer: str = "final"
+    state_tokens: int = 2000
+    n_state_texts: int = 64
+    state_max_length: int = 256
+    eval_texts: str | None = None
+    n_eval: int = 48
+    max_length: int = 512
+    stride: int = 256
+    perplexity: bool = True
+    batch_size: int = 8
+    n_boot: int = 1000
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.forms not in FORMS:
+            raise ConfigError(f"forms must be one of {', '.join(FORMS)}, got {self.forms!r}")
+        domain_words(self.domain)
+        for name in ("n_general", "general_pool", "n_general_texts", "state_tokens",
+                     "n_state_texts", "n_eval", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.state_tokens < 2:
+            raise ConfigError("state_tokens must be >= 2")
+        if not 1 <= self.stride < self.max_length:
+            raise ConfigError(f"stride must be in 1..max_length-1, got {self.stride}")
+
+    @property
+    def domain_name(self) -> str:
+        return domain_words(self.domain)[0]
+
+    @property
+    def eval_spec(self) -> str | None:
+        if not self.perplexity:
+            return None
+        return self.eval_texts or self.domain_texts or DEFAULT_EVAL_TEXTS.get(self.domain_name)
+
+
+@dataclass
+class Corpora:
+    """The text sets one selection run uses (shared by every candidate)."""
+
+    general: Any
+    domain_states: Any | None
+    general_states: Any | None
+    eval: Any | None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def load_corpora(config: SelectConfig, loader=None) -> Corpora:
+    """Load / split the corpora (see the module docstring); ``loader(spec)`` → TextSet
+    (default :func:`lmgeom.texts.load_texts`)."""
+    from ..texts import limit_textset, load_texts
+
+    load = loader or (lambda spec: load_texts(spec))
+    seed = config.seed
+    general_full = load(config.general_texts)
+    general = limit_textset(general_full, config.n_general_texts, seed)
+    info: dict[str, Any] = {"general_texts": config.general_texts, "n_general_texts": len(general)}
+    dom_states = gen_states = ev = None
+    eval_spec = config.eval_spec
+    if config.domain_texts:
+        dom = load(config.domain_texts)
+        if eval_spec and eval_spec == config.domain_texts:
+            if len(dom) < 2:
+                raise TextsError(f"{config.domain_texts} has fewer than 2 texts: cannot split "
+                                 "it into a states half and an evaluation half")
+            perm = np.random.default_rng(seed).permutation(len(dom))
+            half = len(dom) // 2
+            ev = limit_textset(dom.subset(np.sort(perm[:half])), config.n_eval, seed)
+            dom = dom.subset(np.sort(perm[half:]))
+            info["split"] = (f"{config.domain_texts} split by text (seed {seed}): {half} texts "
+                             f"for evaluation, {len(perm) - half} for states")
+        dom_states = limit_textset(dom, config.n_state_texts, seed)
+        gen_states = limit_textset(general_full, config.n_state_texts, seed + 1)
+        info.update({"domain_texts": config.domain_texts, "n_domain_state_texts": len(dom_states),
+                     "n_general_state_texts": len(gen_states)})
+    if eval_spec and ev is None:
+        ev = limit_textset(load(eval_spec), config.n_eval, seed)
+    if ev is not None:
+        info.update({"eval_texts": eval_spec, "n_eval_texts": len(ev), "eval_hash": ev.hash})
+    return Corpora(general=general, domain_states=dom_states, general_states=gen_states, eval=ev,
+                   info=info)
+
+
+@dataclass
+class CandidateResult:
+    """What was measured for one candidate."""
+
+    candidate: Candidate
+    gap_wu: Any  # DispersionGap
+    gap_states: Any | None
+    tokens: TokenSet
+    general_info: dict[str, Any]
+    perplexity: float = math.nan
+    bits_per_byte: float = math.nan
+    n_eval_tokens: int = 0
+    n_eval_bytes: int = 0
+    describe: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def scored_bytes(model, texts: Sequence[str]) -> int:
+    """UTF-8 bytes of the scored part of ``texts``: all bytes, minus each text's first token
+    when the tokenizer prepends no BOS (that token is never scored)."""
+    total = sum(len(t.encode("utf-8")) for t in texts)
+    if model.bos_prepended:
+        return total
+    tok = model.tokenizer
+    first = tok(list(texts), add_special_tokens=True, truncation=False)["input_ids"]
+    return total - sum(len(tok.decode([row[0]]).encode("utf-8")) for row in first if row)
+
+
+def measure_candidate(model, candidate: Candidate, config: SelectConfig, corpora: Corpora, *,
+                      cache: bool = True, progress: bool | None = None) -> CandidateResult:
+    """Dispersion gap (both variants where requested) and domain perplexity of one model."""
+    from ..activations.core import extract
+    from ..metrics import dispersion_gap, dispersion_gap_states
+
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    _, words = domain_words(config.domain)
+    ts = domain_token_ids(model.tokenizer, words, forms=config.forms)
+    if len(ts.ids) < 2:
+        raise ConfigError(f"{candidate.name}: only {len(ts.ids)} of the domain words encode to a "
+                          f"single token (dropped: {', '.join(ts.dropped)}); use --forms both "
+                          "or other words")
+    if ts.dropped:
+        log.info("%s: %d domain words have no single-token form: %s", candidate.name,
+                 len(ts.dropped), ", ".join(ts.dropped))
+    gen_ids, ginfo = general_token_ids(model.tokenizer, corpora.general.texts, ts.ids,
+                                       n=config.n_general, pool=config.general_pool,
+                                       seed=config.seed)
+    W = model.W_U.detach()
+    if int(max(ts.ids.max(), gen_ids.max())) >= W.shape[0]:
+        raise ModelError(f"{candidate.name}: tokenizer ids exceed the W_U rows ({W.shape[0]})")
+    gap_wu = dispersion_gap(W, ts.ids, gen_ids, label=candidate.name)
+    timings["gap_wu_s"] = time.perf_counter() - t0
+    gap_states = None
+    if corpora.domain_states is not None:
+        t = time.perf_counter()
+        layer = model.resolve_points(config.state_layer)
+        if len(layer) != 1:
+            raise ConfigError(f"state_layer must name one point, got {config.state_layer!r}")
+        kw = {"layers": list(layer), "pooling": "tokens", "n_tokens": config.state_tokens,
+                  "seed": config.seed, "max_length": config.state_max_length,
+                  "batch_size": config.batch_size, "cache": cache, "progress": progress}
+        H_dom = extract(model, corpora.domain_states, **kw).layer(layer[0])
+        H_gen = extract(model, corpora.general_states, **kw).layer(layer[0])
+        gap_states = dispersion_gap_states(H_dom, H_gen, label=candidate.name)
+        timings["gap_states_s"] = time.perf_counter() - t
+    res = CandidateResult(candidate=candidate, gap_wu=gap_wu, gap_states=gap_states, tokens=ts,
+                          general_info=ginfo, describe=model.describe(), timings=timings)
+    if corpora.eval is not None:
+        from ..lm.perplexity import model_context, perplexity
+
+        t = time.perf_counter()
+        ctx = model_context(model)
+        max_len = min(config.max_length, ctx) if ctx else config.max_length
+        stride = config.stride if config.stride < max_len else max(1, max_len // 2)
+        pr = perplexity(model, corpora.eval, max_length=max_len, stride=stride,
+                        batch_size=config.batch_size, progress=progress)
+        res.describe["eval_window"] = {"max_length": max_len, "stride": stride}
+        nll = float(sum(x.nll_sum for x in pr.texts))
+        n_tok = int(sum(x.n_predicted for x in pr.texts))
+        n_bytes = scored_bytes(model, corpora.eval.texts)
+        res.perplexity = float(pr.corpus_perplexity)
+        res.bits_per_byte = nll / math.log(2) / n_bytes if n_bytes > 0 else math.nan
+        res.n_eval_tokens, res.n_eval_bytes = n_tok, n_bytes
+        timings["perplexity_s"] = time.perf_counter() - t
+    timings["total_s"] = time.perf_counter() - t0
+    return res
+
+
+# ---------------------------------------------------------------------- ranking & agreement
+def ranks_desc(values: Sequence[float]) -> np.ndarray:
+    """1-based ranks, highest value first (ties: average ranks); NaN stays NaN."""
+    import scipy.stats
+
+    v = np.asarray(values, dtype=np.float64)
+    out = np.full(v.shape, np.nan)
+    ok = np.isfinite(v)
+    if ok.any():
+        out[ok] = scipy.stats.rankdata(-v[ok])
+    return out
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Spearman ρ between a label-free score (higher = better) and a measured quality
+    (higher = better), over n candidates; CI only when n >= :data:`MIN_N_CI`."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+    method: str
+
+
+def rank_agreement(score: Sequence[float], quality: Sequence[float], *, n_boot: int = 1000,
+                   seed: int = 0) -> Agreement:
+    """See :class:`Agreement`. NaN pairs are dropped; constant sides give NaN."""
+    import scipy.stats
+
+    from ..metrics import correlation_with_ci
+
+    x = np.asarray(score, dtype=np.float64)
+    y = np.asarray(quality, dtype=np.float64)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    n = len(x)
+    nan = math.nan
+    if n < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return Agreement(nan, nan, nan, n, "undefined")
+    if n == 2:
+        return Agreement(float(np.sign((x[1] - x[0]) * (y[1] - y[0]))), nan, nan, n,
+                         "spearman (n=2: order agreement)")
+    if n < MIN_N_CI:
+        return Agreement(float(scipy.stats.spearmanr(x, y)[0]), nan, nan, n, "spearman")
+    r = correlation_with_ci(x, y, method="spearman", n_boot=n_boot, seed=seed)
+    return Agreement(float(r.r), float(r.low), float(r.high), n, "spearman, bootstrap 95% CI")
+
+
+@dataclass
+class SelectRun:
+    """All candidates of one run, their rankings and the agreements."""
+
+    config: SelectConfig
+    results: list[CandidateResult]
+    agreement: dict[str, Agreement]
+    corpora_info: dict[str, Any]
+    by_group: dict[str, dict[str, Agreement]] = field(default_factory=dict)
+    """``variant -> group -> Agreement`` within each suite width (when there are several)."""
+
+    def gaps(self, variant: str) -> np.ndarray:
+        g = [r.gap_wu if variant == "W_U" else r.gap_states for r in self.results]
+        return np.array([x.gap if x is not None else math.nan for x in g], dtype=np.float64)
+
+    @property
+    def bits_per_byte(self) -> np.ndarray:
+        return np.array([r.bits_per_byte for r in self.results], dtype=np.float64)
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return tuple(v for v in VARIANTS if np.isfinite(self.gaps(v)).any())
+
+    def summary(self) -> list[dict[str, Any]]:
+        rank = {v: ranks_desc(self.gaps(v)) for v in self.variants}
+        bpb = self.bits_per_byte
+        rank_ppl = ranks_desc(-bpb)
+        out = []
+        for i, r in enumerate(self.results):
+            row: dict[str, Any] = {"candidate": r.candidate.name,
+                                   "G (W_U)": r.gap_wu.gap, "D(T)": r.gap_wu.within,
+                                   "D(T,T̄)": r.gap_wu.between, "|T|": r.gap_wu.n_domain,
+                                   "rank W_U": _rank_str(rank["W_U"][i])}
+            if "states" in rank:
+                row["G (states)"] = r.gap_states.gap if r.gap_states else math.nan
+                row["rank states"] = _rank_str(rank["states"][i])
+            if np.isfinite(bpb).any():
+                row["ppl"] = r.perplexity
+                row["bits/byte"] = r.bits_per_byte
+                row["rank measured"] = _rank_str(rank_ppl[i])
+            out.append(row)
+        return out
+
+
+def _rank_str(x: float) -> str:
+    if not math.isfinite(x):
+        return "-"
+    return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
+
+
+def run_select(candidates: Sequence[Candidate], config: SelectConfig, *, loader=None,
+               model_loader=None, cache: bool = True, progress: bool | None = None) -> SelectRun:
+    """Measure every candidate (one model in memory at a time) and the agreements.
+
+    ``model_loader(spec)`` → LanguageModel (default :func:`lmgeom.load_model`).
+    """
+    from ..models import load_model
+
+    if not candidates:
+        raise ConfigError("no candidates: give --model (repeat for several) or --suite DIR")
+    corpora = load_corpora(config, loader)
+    load = model_loader or load_model
+    results = []
+    for c in candidates:
+        t = time.perf_counter()
+        model = load(c.spec)
+        load_s = time.perf_counter() - t
+        r = measure_candidate(model, c, config, corpora, cache=cache, progress=progress)
+        r.timings["load_s"] = load_s
+        results.append(r)
+        log.info("%s: G(W_U) = %.4f", c.name, r.gap_wu.gap)
+        del model
+    run = SelectRun(config=config, results=results, agreement={}, corpora_info=corpora.info)
+    quality = -run.bits_per_byte
+    for v in run.variants if np.isfinite(quality).any() else ():
+        run.agreement[v] = rank_agreement(run.gaps(v), quality, n_boot=config.n_boot,
+                                          seed=config.seed)
+        groups = [r.candidate.group for r in results]
+        if len(set(groups)) > 1:
+            g = run.gaps(v)
+            for grp in dict.fromkeys(groups):
+                ix = np.array([x == grp for x in groups])
+                run.by_group.setdefault(v, {})[grp] = rank_agreement(
+                    g[ix], quality[ix], n_boot=config.n_boot, seed=config.seed)
+    return run
+
+
+def _settings(config: SelectConfig, variant: str) -> str:
+    if variant == "W_U":
+        return f"variant=W_U;domain={config.domain_name};forms={config.forms}"
+    return (f"variant=states;domain={config.domain_name};layer={config.state_layer};"
+            f"domain_texts={config.domain_texts};general_texts={config.general_texts}")
+
+
+def select_rows(run: SelectRun) -> list[dict[str, Any]]:
+    """Tidy model-level rows: per candidate ``dispersion_gap``, ``gap_within``,
+    ``gap_between``, ``gap_rank`` (per variant, ``variant=`` in ``setting``),
+    ``domain_perplexity``, ``domain_bits_per_byte``, ``domain_rank``; and per variant one
+    ``gap_rank_agreement`` row (model ``(candidates)``), plus one per suite width (model
+    ``(group w64)``) when the candidates come from several widths."""
+    c = run.config
+    rows: list[dict[str, Any]] = []
+    ranks = {v: ranks_desc(run.gaps(v)) for v in run.variants}
+    bpb = run.bits_per_byte
+    rank_m = ranks_desc(-bpb)
+    eval_s = f"texts={c.eval_spec}"
+    for i, r in enumerate(run.results):
+        base = {"model": r.candidate.label, "revision": r.candidate.revision}
+        for v in run.variants:
+            g = r.gap_wu if v == "W_U" else r.gap_states
+            if g is None:
+                continue
+            s = _settings(c, v)
+            n = g.n_domain + g.n_general
+            seed = c.seed
+            rows += [
+                table.row(**base, metric="dispersion_gap", setting=s, value=g.gap, n=n, seed=seed),
+                table.row(**base, metric="gap_within", setting=s, value=g.within, n=g.n_domain,
+                          seed=seed),
+                table.row(**base, metric="gap_between", setting=s, value=g.between, n=n,
+                          seed=seed),
+                table.row(**base, metric="gap_rank", setting=s, value=ranks[v][i],
+                          n=len(run.results)),
+            ]
+        if math.isfinite(r.bits_per_byte):
+            rows += [
+                table.row(**base, metric="domain_perplexity", setting=eval_s, value=r.perplexity,
+                          n=r.n_eval_tokens),
+                table.row(**base, metric="domain_bits_per_byte", setting=eval_s,
+                          value=r.bits_per_byte, n=r.n_eval_bytes),
+                table.row(**base, metric="domain_rank", setting=eval_s + ";by=bits_per_byte",
+                          value=rank_m[i], n=len(run.results)),
+            ]
+    for v, a in run.agreement.items():
+        rows.append(table.row(model="(candidates)", metric="gap_rank_agreement",
+                              setting=f"{_settings(c, v)};vs=-bits_per_byte;method={a.method}",
+                              value=a.value, ci_low=a.low, ci_high=a.high, n=a.n,
+                              seed=c.seed if a.n >= MIN_N_CI else math.nan))
+        for grp, ag in run.by_group.get(v, {}).items():
+            rows.append(table.row(model=f"(group {grp})", metric="gap_rank_agreement",
+                                  setting=f"{_settings(c, v)};vs=-bits_per_byte;group={grp};"
+                                          f"method={ag.method}",
+                                  value=ag.value, ci_low=ag.low, ci_high=ag.high, n=ag.n,
+                                  seed=c.seed if ag.n >= MIN_N_CI else math.nan))
+    return rows
+
+
+def plot_select(run: SelectRun, out_dir, stem: str = "select") -> list:
+    """G (x) against measured bits per byte (y), one panel per variant; no panel without
+    perplexities."""
+    from matplotlib.figure import Figure
+
+    from ..report.plots import save_figure
+
+    bpb = run.bits_per_byte
+    variants = run.variants
+    if not np.isfinite(bpb).any():
+        variants = ()
+    k = max(1, len(variants))
+    fig = Figure(figsize=(4.8 * k, 3.8))
+    axes = fig.subplots(1, k, squeeze=False)[0]
+    if not variants:
+        g = run.gaps("W_U")
+        ax = axes[0]
+        ax.bar(np.arange(len(g)), g)
+        ax.set_xticks(np.arange(len(g)), [r.candidate.name for r in run.results], rotation=30,
+                      fontsize=7)
+        ax.set_ylabel("dispersion gap G (W_U)")
+    groups = list(dict.fromkeys(r.candidate.group for r in run.results))
+    for ax, v in zip(axes, variants):
+        g = run.gaps(v)
+        for gi, grp in enumerate(groups):
+            ix = [i for i, r in enumerate(run.results) if r.candidate.group == grp]
+            style = "o-" if grp and len(ix) > 1 else "o"
+            ax.plot(g[ix], bpb[ix], style, color=f"C{gi}", ms=4, lw=0.8,
+                    label=grp or None)
+        if len(run.results) <= 10:
+            for x, y, r in zip(g, bpb, run.results):
+                ax.annotate(r.candidate.name, (x, y), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+        if any(groups):
+            ax.legend(fontsize=7, title="width (line: training steps)", title_fontsize=7)
+        a = run.agreement.get(v)
+        extra = ""
+        if a is not None and math.isfinite(a.value):
+            extra = f"ρ = {a.value:+.2f} (n={a.n})"
+            if math.isfinite(a.low):
+                extra += f" [{a.low:+.2f}, {a.high:+.2f}]"
+        ax.set_title(f"variant={v}  {extra}", fontsize=9)
+        ax.set_xlabel(f"dispersion gap G ({v})")
+        ax.set_ylabel("bits/byte, held-out domain text (lower = better)", fontsize=8)
+        ax.grid(alpha=0.25)
+    fig.suptitle(f"Dispersion gap vs measured quality, domain={run.config.domain_name}",
+                 fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, out_dir, stem)
+
+
+def config_dict(config: SelectConfig) -> dict[str, Any]:
+    return asdict(config)
