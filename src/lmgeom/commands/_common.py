@@ -66,6 +66,13 @@ def add_run_args(p: argparse.ArgumentParser, *, out: str | None = None) -> None:
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def default_out(command: str, models) -> str:
+    """Default ``--out`` folder of a command: ``runs/<command>-<model>[_<model>...]``."""
+    if isinstance(models, str):
+        models = [models]
+    return f"runs/{command}-" + "_".join(m.replace("/", "_") for m in models)
+
+
 def load_model_from_args(args, spec: str | None = None):
     from ..models import load_model
 

@@ -10,6 +10,7 @@ from ._common import (
     add_model_args,
     add_run_args,
     add_texts_args,
+    default_out,
     load_model_from_args,
     load_texts_from_args,
     print_table,
@@ -74,19 +75,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from .._io import write_json
     from ..activations import extract
     from ..experiments import table
     from ..experiments.layer_sweep import config_dict, run_layer_sweep
     from ..experiments.manifest import base_manifest, now
     from ..models.bundled import DEFAULT_MODEL
     from ..runs import prepare_out_dir, run_signature
-    from .._io import write_json
 
     t_start = time.perf_counter()
     progress = progress_from_args(args)
     models = args.model or [DEFAULT_MODEL]
     config = sweep_config_from_args(args, logit_lens=not args.no_logit_lens)
-    out = args.out or f"runs/analyze-{'_'.join(m.replace('/', '_') for m in models)}"
+    out = args.out or default_out("analyze", models)
     settings = {"probes": not args.no_probes, "folds": args.folds, "models": models, "revision": args.revision, "texts": args.texts, "n": args.n,
                 "dtype": args.dtype, "sweep": config_dict(config), "text_column": args.text_column,
                 "label_column": args.label_column, "split": args.split}

@@ -9,6 +9,7 @@ from ._common import (
     add_model_args,
     add_run_args,
     add_texts_args,
+    default_out,
     load_model_from_args,
     load_texts_from_args,
     print_table,
@@ -72,7 +73,7 @@ def run(args) -> int:
                            max_clusters=args.max_clusters, max_members=args.max_members,
                            layers=args.layers, batch_size=args.batch_size, n_boot=args.n_boot,
                            seed=args.seed)
-    out = args.out or f"runs/clusters-{'_'.join(m.replace('/', '_') for m in models)}"
+    out = args.out or default_out("clusters", models)
     settings = {"models": models, "texts": args.texts, "n": args.n, "dtype": args.dtype,
                 "revision": args.revision, "clusters": config_dict(config),
                 "text_column": args.text_column, "label_column": args.label_column,

@@ -11,6 +11,7 @@ from ._common import (
     add_model_args,
     add_run_args,
     add_texts_args,
+    default_out,
     load_model_from_args,
     load_texts_from_args,
     print_table,
@@ -45,13 +46,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import pandas as pd
 
     from .._io import write_json
     from ..activations import extract
     from ..errors import ConfigError
     from ..experiments import table
-    from ..experiments.convergence import ConvergeConfig, converge_pair, plot_bars, plot_heatmap, summary_rows
+    from ..experiments.convergence import (
+        ConvergeConfig,
+        converge_pair,
+        plot_bars,
+        plot_heatmap,
+        summary_rows,
+    )
     from ..experiments.layer_sweep import SweepConfig, model_basis
     from ..experiments.manifest import base_manifest, now
     from ..report.html import write_report
@@ -68,7 +74,7 @@ def run(args) -> int:
     settings = {"models": models, "texts": args.texts, "n": args.n, "dtype": args.dtype,
                 "config": config.__dict__, "pooling": args.pooling, "max_length": args.max_length}
     sig = run_signature(settings)
-    out = prepare_out_dir(args.out or "runs/converge-" + "_".join(m.replace("/", "_") for m in models), sig,
+    out = prepare_out_dir(args.out or default_out("converge", models), sig,
                           overwrite=args.overwrite)
     manifest = base_manifest("converge", settings, sig)
     texts = load_texts_from_args(args)

@@ -14,6 +14,7 @@ from ._common import (
     add_model_args,
     add_run_args,
     add_texts_args,
+    default_out,
     load_model_from_args,
     load_texts_from_args,
     print_table,
@@ -97,7 +98,7 @@ def run(args) -> int:
     models = args.model or [DEFAULT_MODEL]
     corpora = args.texts or ["builtin:wiki"]
     config = config_from_args(args)
-    out = args.out or f"runs/dispersion-{'_'.join(m.replace('/', '_') for m in models)}"
+    out = args.out or default_out("dispersion", models)
     settings = {"models": models, "texts": corpora, "n": args.n, "revision": args.revision,
                 "dtype": args.dtype, "dispersion": config_dict(config),
                 "text_column": args.text_column, "label_column": args.label_column,

@@ -10,6 +10,7 @@ from ._common import (
     add_model_args,
     add_run_args,
     add_texts_args,
+    default_out,
     load_model_from_args,
     load_texts_from_args,
     print_table,
@@ -61,7 +62,7 @@ def run(args) -> int:
     config = HardnessConfig(layer=args.layer, max_length=args.max_length,
                             batch_size=args.batch_size, n_boot=args.n_boot, n_perm=args.n_perm,
                             quantile=args.quantile, seed=args.seed)
-    out = args.out or f"runs/hardness-{args.model.replace('/', '_')}"
+    out = args.out or default_out("hardness", args.model)
     settings = {"model": args.model, "texts": args.texts, "n": args.n, "dtype": args.dtype,
                 "revision": args.revision, "hardness": asdict(config),
                 "text_column": args.text_column, "label_column": args.label_column,

@@ -21,6 +21,7 @@ from ..lm.knnlm import DEFAULT_K, DEFAULT_LAMBDA, DEFAULT_LAMBDAS, DEFAULT_TEMPE
 from ._common import (
     add_model_args,
     add_run_args,
+    default_out,
     load_model_from_args,
     print_table,
     progress_from_args,
@@ -159,7 +160,7 @@ def run(args) -> int:
     require_faiss()
     progress = progress_from_args(args)
     config = config_from_args(args)
-    out = args.out or f"runs/knnlm-{args.model.replace('/', '_')}"
+    out = args.out or default_out("knnlm", args.model)
     settings = {"model": args.model, "revision": args.revision, "dtype": args.dtype,
                 "train_texts": args.train_texts, "eval_texts": args.eval_texts, "n": args.n,
                 "knnlm": config_dict(config)}

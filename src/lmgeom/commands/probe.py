@@ -10,6 +10,7 @@ from ._common import (
     add_model_args,
     add_run_args,
     add_texts_args,
+    default_out,
     load_model_from_args,
     load_texts_from_args,
     print_table,
@@ -39,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from dataclasses import replace
+
     import pandas as pd
 
     from .._io import write_json
@@ -49,7 +52,6 @@ def run(args) -> int:
     from ..experiments.probes import probe_rows
     from ..report.html import write_report
     from ..runs import prepare_out_dir, run_signature
-    from dataclasses import replace
 
     t0 = time.perf_counter()
     progress = progress_from_args(args)
@@ -57,7 +59,7 @@ def run(args) -> int:
     settings = {"model": args.model, "revision": args.revision, "texts": args.texts, "n": args.n,
                 "dtype": args.dtype, "folds": args.folds, "C": args.C, "sweep": config_dict(config),
                 "label_column": args.label_column}
-    out = prepare_out_dir(args.out or f"runs/probe-{args.model.replace('/', '_')}",
+    out = prepare_out_dir(args.out or default_out("probe", args.model),
                           run_signature(settings), overwrite=args.overwrite)
     manifest = base_manifest("probe", settings, run_signature(settings))
     texts = load_texts_from_args(args)
