@@ -347,6 +347,76 @@ def extract(
     t0 = time.perf_counter()
     model = load_model(model)
     ts = as_textset(texts)
+    plan = plan_extraction(model, ts, layers=layers, pooling=pooling, max_length=max_length,
+                           batch_size=batch_size, n_tokens=n_tokens, seed=seed)
+    store = plan.store(cache, cache_root)
+    n_computed = 0
+    shards: list[dict[str, np.ndarray]] = []
+    with store.lock():
+        store.drop_stale()
+        bar = _progress(len(plan.batches), f"extract {model.name}", progress)
+        for bi in range(len(plan.batches)):
+            got = store.get(bi)
+            if got is None:
+                got = plan.run_batch(model, bi, torch)
+                store.put(bi, got)
+                n_computed += 1
+                pause("extract")
+            shards.append(got)
+            bar.update(1)
+        bar.close()
+    return plan.assemble(shards, ts, timings={
+        "extract_s": time.perf_counter() - t0, "batches_computed": n_computed,
+        "batches_cached": len(plan.batches) - n_computed})
+
+
+@dataclass
+class ExtractionPlan:
+    """Everything an extraction needs besides the model's forward: the encoded corpus, the
+    batch plan (batch ``i`` = cache shard ``i``), the settings and the cache key. Built by
+    :func:`plan_extraction`; the same plan (same key, same batches) on any process or machine,
+    which is what lets a distributed extraction fill the cache a local run reads."""
+
+    points: tuple[str, ...]
+    enc: Encoded
+    dtype: str
+    settings: dict[str, Any]
+    key: str
+    sample_pos: dict[int, np.ndarray]
+    bos: bool
+    batches: list[np.ndarray]
+    model_name: str
+    model_identity: dict[str, Any]
+    texts_source: str
+
+    def store(self, cache: bool, cache_root=None) -> _ShardCache:
+        return _ShardCache(self.key, {**self.settings, "model": self.model_name,
+                                      "texts": self.texts_source}, cache,
+                           Path(cache_root) if cache_root else None)
+
+    def run_batch(self, model, bi: int, torch=None) -> dict[str, np.ndarray]:
+        """The tensors of shard ``bi`` (one forward of batch ``bi``)."""
+        if torch is None:
+            import torch
+        return _run_batch(model, self.enc, self.batches[bi], self.points,
+                          self.settings["pooling"], self.bos, self.sample_pos, self.dtype, torch)
+
+    def assemble(self, shards: Sequence[dict[str, np.ndarray]], ts,
+                 timings: dict[str, float] | None = None) -> Activations:
+        pooling = self.settings["pooling"]
+        states, row_text, row_pos = _assemble(list(shards), len(ts), pooling)
+        return Activations(
+            states=states, layers=self.points, model=self.model_name,
+            model_identity=self.model_identity, texts_hash=ts.hash, text_ids=ts.ids,
+            labels=ts.labels, settings=self.settings, n_tokens=self.enc.lengths,
+            n_truncated=self.enc.n_truncated, row_text=row_text, row_pos=row_pos, key=self.key,
+            timings=dict(timings or {}),
+        )
+
+
+def plan_extraction(model, ts, *, layers="all", pooling: str = "last", max_length: int = 128,
+                    batch_size: int = 32, n_tokens: int = 2048, seed: int = 0) -> ExtractionPlan:
+    """Validate the settings, tokenize ``ts`` and fix the batches and the cache key."""
     if len(ts) == 0:
         raise TextsError("the corpus is empty: nothing to extract")
     if pooling not in POOLINGS:
@@ -367,52 +437,13 @@ def extract(
     if pooling == "tokens":
         settings.update({"n_tokens": n_tokens, "seed": seed})
     key = stable_hash({"model": _identity_for_key(model), "texts": ts.hash, **settings})[:32]
-    store = _ShardCache(
-        key, {**settings, "model": model.name, "texts": ts.source}, cache,
-        Path(cache_root) if cache_root else None,
-    )
-
-    lengths = enc.lengths
     sample_pos: dict[int, np.ndarray] = {}
     if pooling == "tokens":
-        sample_pos = _sample_positions(lengths, n_tokens, seed)
-    bos = model.bos_prepended
-    batches = enc.batches(batch_size)
-    n_computed = 0
-    shards: list[dict[str, np.ndarray]] = []
-    with store.lock():
-        store.drop_stale()
-        bar = _progress(len(batches), f"extract {model.name}", progress)
-        for bi, idx in enumerate(batches):
-            got = store.get(bi)
-            if got is None:
-                got = _run_batch(model, enc, idx, points, pooling, bos, sample_pos, dtype, torch)
-                store.put(bi, got)
-                n_computed += 1
-                pause("extract")
-            shards.append(got)
-            bar.update(1)
-        bar.close()
-
-    states, row_text, row_pos = _assemble(shards, len(ts), pooling)
-    acts = Activations(
-        states=states,
-        layers=points,
-        model=model.name,
-        model_identity=model.identity,
-        texts_hash=ts.hash,
-        text_ids=ts.ids,
-        labels=ts.labels,
-        settings=settings,
-        n_tokens=lengths,
-        n_truncated=enc.n_truncated,
-        row_text=row_text,
-        row_pos=row_pos,
-        key=key,
-        timings={"extract_s": time.perf_counter() - t0, "batches_computed": n_computed,
-                 "batches_cached": len(batches) - n_computed},
-    )
-    return acts
+        sample_pos = _sample_positions(enc.lengths, n_tokens, seed)
+    return ExtractionPlan(points=tuple(points), enc=enc, dtype=dtype, settings=settings, key=key,
+                          sample_pos=sample_pos, bos=model.bos_prepended,
+                          batches=enc.batches(batch_size), model_name=model.name,
+                          model_identity=dict(model.identity), texts_source=ts.source)
 
 
 def _sample_positions(lengths: np.ndarray, n_tokens: int, seed: int) -> dict[int, np.ndarray]:

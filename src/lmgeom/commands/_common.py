@@ -73,12 +73,17 @@ def default_out(command: str, models) -> str:
     return f"runs/{command}-" + "_".join(m.replace("/", "_") for m in models)
 
 
+def load_kwargs_from_args(args) -> dict:
+    """The :func:`~lmgeom.load_model` keyword arguments of the model options (plain values, so
+    they can travel to a Ray worker)."""
+    return dict(dtype=args.dtype, device=args.device, revision=args.revision,
+                trust_remote_code=args.trust_remote_code, device_map=args.device_map)
+
+
 def load_model_from_args(args, spec: str | None = None):
     from ..models import load_model
 
-    return load_model(spec or args.model, dtype=args.dtype, device=args.device,
-                      revision=args.revision, trust_remote_code=args.trust_remote_code,
-                      device_map=args.device_map)
+    return load_model(spec or args.model, **load_kwargs_from_args(args))
 
 
 def load_texts_from_args(args, spec: str | None = None):

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import time
 
+from ..distributed import add_engine_args
 from ._common import (
     add_extract_args,
     add_model_args,
     add_run_args,
     add_texts_args,
     default_out,
-    load_model_from_args,
+    load_kwargs_from_args,
     load_texts_from_args,
     print_table,
     progress_from_args,
@@ -72,13 +73,56 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the per-layer linear probes (run by default when the texts have labels)")
     p.add_argument("--folds", type=int, default=5, help="CV folds of the linear probes")
     add_run_args(p, out=None)
+    add_engine_args(p)
+
+
+def analyze_one(spec: str, texts, config, *, load_kwargs: dict, cache: bool = True,
+                probes: bool = True, folds: int = 5, revision: str = "",
+                work_dir: str | None = None, progress: bool | None = None):
+    """One model of ``lmgeom analyze``: load, extract (through the cache), layer sweep, probes.
+
+    Plain, picklable arguments and results, so the ``ray`` engine runs it as one task per
+    model. Returns ``(frame, model_info, timings)``.
+    """
+    import pandas as pd
+
+    from ..activations import extract
+    from ..experiments import table
+    from ..experiments.layer_sweep import run_layer_sweep
+    from ..models import load_model
+
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    model = load_model(spec, **load_kwargs)
+    timings["load_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    acts = extract(model, texts, layers=config.layers, pooling=config.pooling,
+                   max_length=config.max_length, batch_size=config.batch_size,
+                   cache=cache, seed=config.seed, progress=progress)
+    timings["extract_s"] = time.perf_counter() - t
+    df, tm = run_layer_sweep(model, acts, config, work_dir=work_dir, revision=revision,
+                             progress=progress)
+    timings["metrics_s"] = tm["metrics_s"]
+    timings["logit_lens_s"] = tm["logit_lens_s"]
+    frames = [df]
+    if probes:
+        from ..experiments.probes import probe_rows
+
+        t = time.perf_counter()
+        frames.append(table.frame(probe_rows(model, acts, folds=folds, seed=config.seed,
+                                             revision=revision, progress=progress)))
+        timings["probes_s"] = time.perf_counter() - t
+    info = {**model.describe(), "activations_key": acts.key, "n_truncated": acts.n_truncated,
+            "batches_cached": acts.timings["batches_cached"]}
+    return pd.concat(frames, ignore_index=True), info, timings
 
 
 def run(args) -> int:
     from .._io import write_json
-    from ..activations import extract
+    from ..distributed import engine_from_args, map_calls
+    from ..errors import LmgeomError
     from ..experiments import table
-    from ..experiments.layer_sweep import config_dict, run_layer_sweep
+    from ..experiments.layer_sweep import config_dict
     from ..experiments.manifest import base_manifest, now
     from ..models.bundled import DEFAULT_MODEL
     from ..runs import prepare_out_dir, run_signature
@@ -87,6 +131,7 @@ def run(args) -> int:
     progress = progress_from_args(args)
     models = args.model or [DEFAULT_MODEL]
     config = sweep_config_from_args(args, logit_lens=not args.no_logit_lens)
+    engine = engine_from_args(args)
     out = args.out or default_out("analyze", models)
     settings = {"probes": not args.no_probes, "folds": args.folds, "models": models, "revision": args.revision, "texts": args.texts, "n": args.n,
                 "dtype": args.dtype, "sweep": config_dict(config), "text_column": args.text_column,
@@ -99,32 +144,30 @@ def run(args) -> int:
     t = time.perf_counter()
     texts = load_texts_from_args(args)
     timings["texts_s"] = time.perf_counter() - t
+    manifest["engine"] = engine.describe()
+    probes = texts.labels is not None and not args.no_probes
+    calls = [((spec, texts, config),
+              dict(load_kwargs=load_kwargs_from_args(args), cache=not args.no_cache,
+                   probes=probes, folds=args.folds, revision=args.revision or "",
+                   work_dir=str(out_dir / ".work"),
+                   progress=progress if engine.engine == "local" else False))
+             for spec in models]
     frames, model_info = [], []
-    for spec in models:
-        t = time.perf_counter()
-        model = load_model_from_args(args, spec)
-        timings[f"load_s[{spec}]"] = time.perf_counter() - t
-        t = time.perf_counter()
-        acts = extract(model, texts, layers=config.layers, pooling=config.pooling,
-                       max_length=config.max_length, batch_size=config.batch_size,
-                       cache=not args.no_cache, seed=config.seed, progress=progress)
-        timings[f"extract_s[{spec}]"] = time.perf_counter() - t
-        df, tm = run_layer_sweep(model, acts, config, work_dir=out_dir / ".work",
-                                 revision=args.revision or "", progress=progress)
-        timings[f"metrics_s[{spec}]"] = tm["metrics_s"]
-        timings[f"logit_lens_s[{spec}]"] = tm["logit_lens_s"]
-        frames.append(df)
-        if texts.labels is not None and not args.no_probes:
-            from ..experiments.probes import probe_rows
-
-            t = time.perf_counter()
-            frames.append(table.frame(probe_rows(model, acts, folds=args.folds, seed=config.seed,
-                                                 revision=args.revision or "", progress=progress)))
-            timings[f"probes_s[{spec}]"] = time.perf_counter() - t
-        model_info.append({**model.describe(), "activations_key": acts.key,
-                           "n_truncated": acts.n_truncated,
-                           "batches_cached": acts.timings["batches_cached"]})
-        del model
+    if engine.engine == "local":  # in this process: errors surface as they are
+        results = [(analyze_one(*a, **k), 1) for a, k in calls]
+    else:
+        results = []
+        for spec, oc in zip(models, map_calls(analyze_one, calls, engine, names=list(models))):
+            if not oc.ok:
+                if isinstance(oc.exception, LmgeomError):
+                    raise oc.exception
+                raise RuntimeError(f"{spec} failed after {oc.attempts} attempts on Ray: "
+                                   f"{oc.error}\n{oc.traceback or ''}")
+            results.append((oc.value, oc.attempts))
+    for spec, ((df_m, info, tm), attempts) in zip(models, results):
+        frames.append(df_m)
+        model_info.append({**info, "attempts": attempts})
+        timings.update({f"{k}[{spec}]": v for k, v in tm.items()})
     import pandas as pd
 
     df = pd.concat(frames, ignore_index=True)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from ..distributed import add_engine_args
 from ._common import (
     add_extract_args,
     add_model_args,
     add_texts_args,
+    load_kwargs_from_args,
     load_model_from_args,
     load_texts_from_args,
     print_table,
@@ -33,20 +35,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n-tokens", type=int, default=2048, help="tokens sampled for --pooling tokens")
     g.add_argument("--seed", type=int, default=0, help="seed of text and token sampling")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_engine_args(p, extraction=True)
 
 
 def run(args) -> int:
     import numpy as np
 
     from ..activations import extract
+    from ..distributed import engine_from_args
 
     progress = progress_from_args(args)
+    engine = engine_from_args(args)
     texts = load_texts_from_args(args)  # cheap: fail fast on a bad corpus before loading the model
-    model = load_model_from_args(args)
-    acts = extract(model, texts, layers=args.layers, pooling=args.pooling,
-                   max_length=args.max_length, batch_size=args.batch_size,
-                   cache=not args.no_cache, n_tokens=args.n_tokens, seed=args.seed,
-                   progress=progress)
+    common = dict(layers=args.layers, pooling=args.pooling, max_length=args.max_length,
+                  batch_size=args.batch_size, cache=not args.no_cache, n_tokens=args.n_tokens,
+                  seed=args.seed, progress=progress)
+    if engine.engine == "ray":
+        from ..activations.distributed import extract_distributed
+
+        acts = extract_distributed(args.model, texts, engine=engine,
+                                   load_kwargs=load_kwargs_from_args(args), **common)
+    else:
+        acts = extract(load_model_from_args(args), texts, **common)
     st, js = acts.save(args.out)
     rows = []
     for i, label in enumerate(acts.layers):
@@ -63,6 +73,7 @@ def run(args) -> int:
           f"to {args.max_length} tokens)")
     print_table(rows)
     t = acts.timings
-    print(f"\nwrote {st} and {js}  ({t['batches_computed']} batches computed, "
+    where = f" on {t['workers']} Ray workers" if "workers" in t else ""
+    print(f"\nwrote {st} and {js}  ({t['batches_computed']} batches computed{where}, "
           f"{t['batches_cached']} from cache, {t['extract_s']:.1f} s)")
     return 0

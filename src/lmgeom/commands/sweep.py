@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from ..distributed import add_engine_args
 from ._common import (
     add_extract_args,
     add_run_args,
@@ -42,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="dtype of the forward pass")
     g.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    g.add_argument("--device-map", default=None,
+                   help="transformers device_map, e.g. auto: spread a big model over GPUs/CPU")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="allow code shipped with a hub model to run")
     add_texts_args(p, n=256)
@@ -59,8 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-logit-lens", action="store_true", help="skip the logit lens")
     p.add_argument("--no-report", action="store_true",
                    help="write the table and manifest only (no plots, no report.html)")
-    p.add_argument("--engine", default="serial", choices=["serial"],
-                   help="where jobs run (serial: in this process)")
+    add_engine_args(p)
     p.add_argument("--threads", type=int, default=1,
                    help="torch/BLAS threads per job (1 is fastest on a shared machine; 0 = leave as is)")
     add_run_args(p, out=None)
@@ -104,6 +106,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from .._io import write_json
+    from ..distributed import engine_from_args
     from ..errors import ConfigError
     from ..experiments import table
     from ..experiments.layer_sweep import config_dict
@@ -140,24 +143,26 @@ def run(args) -> int:
     config = _config(args)
     options = JobOptions(dtype=args.dtype, device=args.device, cache=not args.no_cache,
                          threads=args.threads or None, k=args.k,
-                         trust_remote_code=args.trust_remote_code)
+                         trust_remote_code=args.trust_remote_code, device_map=args.device_map)
+    engine = engine_from_args(args)
     out = args.out or f"runs/sweep-{name}"
     settings = {
         "suite": str(Path(args.suite).resolve()) if args.suite else None,
         "jobs": [[j.model, j.revision, j.spec] for j in jobs],
         "texts": args.texts, "n": args.n, "text_column": args.text_column,
         "label_column": args.label_column, "split": args.split, "dtype": args.dtype,
-        "k": args.k, "sweep": config_dict(config), "engine": args.engine,
+        "k": args.k, "sweep": config_dict(config),
     }
     signature = run_signature(settings)
     out_dir = prepare_out_dir(out, signature, overwrite=args.overwrite)
     manifest = base_manifest("sweep", settings, signature)
+    manifest["engine"] = engine.describe()
     t = time.perf_counter()
     texts = load_texts_from_args(args)
     timings = {"texts_s": time.perf_counter() - t}
     t = time.perf_counter()
     result = run_sweep(jobs, texts, config, out_dir=out_dir, options=options, progress=progress,
-                       engine=args.engine)
+                       engine=engine)
     timings["jobs_s"] = time.perf_counter() - t
     df = result.frame
     table.write_table(df, out_dir, "sweep")

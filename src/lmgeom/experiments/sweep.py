@@ -5,8 +5,8 @@ The unit of work is :func:`sweep_job` — one model × checkpoint → a :class:`
 takes plain, picklable arguments (:class:`JobSpec`, a :class:`~lmgeom.texts.TextSet`, a
 :class:`~lmgeom.experiments.layer_sweep.SweepConfig`, :class:`JobOptions`, a folder path), loads
 its own model and never raises for an ordinary failure: the error is returned in the result.
-:func:`run_jobs` runs the jobs (serially; a distributed backend can map :func:`sweep_job` over
-the same arguments) and caches each finished job's rows; :func:`gather` turns results into the
+:func:`run_jobs` runs the jobs on an engine (``local``: in this process; ``ray``: one Ray task
+per job, :mod:`lmgeom.distributed`) and caches each finished job's rows; :func:`gather` turns results into the
 table and the manifest entries (failed jobs, identical weights, regimes, trajectories).
 
 Extra rows beyond the layer sweep (all model-level, ``layer = ""``):
@@ -30,7 +30,9 @@ import contextlib
 import json
 import logging
 import math
+import os
 import re
+import socket
 import time
 import traceback
 from collections.abc import Iterator, Sequence
@@ -42,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from .._io import atomic_path, stable_hash, write_json
+from .._testing import fail_once
 from ..errors import ConfigError, LmgeomError
 from . import table
 from .layer_sweep import SweepConfig, config_dict, run_layer_sweep
@@ -99,6 +102,8 @@ class JobOptions:
         threads: torch / BLAS threads inside the job (``None``: leave as is).
         k: readout dimension, an int or ``"auto"`` (min(100, d // 4), per model).
         trust_remote_code: passed to the loader.
+        device_map: transformers ``device_map`` (``auto`` spreads a big model over the
+            machine's GPUs / CPU with accelerate).
     """
 
     dtype: str = "float32"
@@ -107,6 +112,7 @@ class JobOptions:
     threads: int | None = 1
     k: int | str = "auto"
     trust_remote_code: bool = False
+    device_map: str | None = None
 
 
 @dataclass
@@ -210,15 +216,16 @@ def sweep_job(
     """
     options = options or JobOptions()
     t0 = time.perf_counter()
-    info: dict[str, Any] = {"job": asdict(job)}
+    info: dict[str, Any] = {"job": asdict(job), "host": socket.gethostname(), "pid": os.getpid()}
     try:
         from ..activations import extract
         from ..models import load_model
 
         with _threads(options.threads):
+            fail_once(job.model)
             t = time.perf_counter()
             model = load_model(job.spec, dtype=options.dtype, device=options.device,
-                               revision=job.hub_revision,
+                               revision=job.hub_revision, device_map=options.device_map,
                                trust_remote_code=options.trust_remote_code)
             info["load_s"] = time.perf_counter() - t
             k = resolve_k(options.k, model.width)
@@ -240,6 +247,7 @@ def sweep_job(
             del model, acts
     except (LmgeomError, OSError, RuntimeError, MemoryError, ValueError, KeyError) as exc:
         info["traceback"] = traceback.format_exc(limit=8)
+        info["error_type"] = type(exc).__name__
         info["total_s"] = time.perf_counter() - t0
         msg = f"{type(exc).__name__}: {exc}"
         log.warning("sweep job %s failed: %s", job.name, msg)
@@ -319,53 +327,77 @@ def run_jobs(
     out_dir: str | Path,
     options: JobOptions | None = None,
     progress: bool | None = None,
-    engine: str = "serial",
+    engine: str | Any = "local",
 ) -> list[JobResult]:
     """Run every job (reusing finished ones from ``out_dir/.work/jobs``) and return the results
-    in job order. A job that fails (or raises) is recorded and the others go on.
+    in job order. A job that fails is retried (bounded, see
+    :class:`~lmgeom.distributed.EngineConfig`), then recorded; the other jobs go on.
 
     Args:
-        engine: ``serial`` (in this process). Other engines are added by the distributed backend.
+        engine: ``local`` (in this process; ``serial`` is the old name), ``ray``, or an
+            :class:`~lmgeom.distributed.EngineConfig` (Ray address, CPUs / GPUs per job,
+            retries). Both engines call :func:`sweep_job` with the same arguments, so they give
+            the same numbers; each finished job's rows are written to the cache as soon as it
+            ends, so an interrupted sweep resumes with the jobs still missing.
     """
     from ..activations.core import _progress
+    from ..distributed import EngineConfig, map_calls
 
-    if engine != "serial":
-        raise ConfigError(f"unknown engine {engine!r}; available: serial")
+    cfg = engine if isinstance(engine, EngineConfig) else EngineConfig(engine=str(engine))
     options = options or JobOptions()
+    if cfg.engine == "ray":
+        # one job per Ray task: its CPUs are its threads, its GPU (if any) is its device
+        options = replace(options, threads=cfg.threads)
     work = Path(out_dir) / ".work"
     (work / "jobs").mkdir(parents=True, exist_ok=True)
-    results: list[JobResult] = []
-    bar = _progress(len(jobs), "sweep jobs", progress)
-    bar.unit = "job"
-    for job in jobs:
-        key = job_key(job, texts, config, options)
+    results: list[JobResult | None] = [None] * len(jobs)
+    keys = [job_key(job, texts, config, options) for job in jobs]
+    todo: list[int] = []
+    for i, (job, key) in enumerate(zip(jobs, keys)):
         fpath, ipath = _result_paths(work, key)
-        res: JobResult | None = None
         if fpath.is_file() and ipath.is_file():
             try:
                 res = JobResult(job, pd.read_parquet(fpath), json.loads(ipath.read_text()), None)
                 res.info["reused"] = True
+                res.info["key"] = key
+                results[i] = res
+                continue
             except (OSError, ValueError) as exc:
                 log.warning("cached result of %s unreadable (%s); recomputing", job.name, exc)
-                res = None
-        if res is None:
-            bar.set_postfix_str(job.name, refresh=True)
-            try:
-                res = sweep_job(job, texts, config, options=options,
-                                work_dir=str(work / "layers" / key), progress=progress)
-            except Exception as exc:  # noqa: BLE001 - a job must never end the sweep
-                res = JobResult(job, None, {"traceback": traceback.format_exc(limit=8)},
-                                f"{type(exc).__name__}: {exc}")
-                log.warning("sweep job %s raised: %s", job.name, res.error)
-            if res.ok and res.frame is not None:
-                with atomic_path(fpath) as tmp:
-                    res.frame.to_parquet(tmp, index=False)
-                write_json(ipath, res.info)
-        res.info["key"] = key
-        results.append(res)
+        todo.append(i)
+
+    bar = _progress(len(jobs), f"sweep jobs ({cfg.engine})", progress)
+    bar.unit = "job"
+    bar.update(len(jobs) - len(todo))
+
+    def done(j: int, outcome) -> None:
+        i = todo[j]
+        job = jobs[i]
+        res = outcome.value if isinstance(outcome.value, JobResult) else None
+        if res is None:  # raised (or the worker died) on every attempt
+            res = JobResult(job, None, {"traceback": outcome.traceback,
+                                        "error_type": outcome.error_type}, outcome.error)
+            log.warning("sweep job %s failed: %s", job.name, outcome.error)
+        res.info["attempts"] = outcome.attempts
+        res.info["engine"] = cfg.engine
+        if res.ok and res.frame is not None:
+            fpath, ipath = _result_paths(work, keys[i])
+            with atomic_path(fpath) as tmp:
+                res.frame.to_parquet(tmp, index=False)
+            write_json(ipath, res.info)
+        res.info["key"] = keys[i]
+        results[i] = res
+        bar.set_postfix_str(job.name, refresh=False)
         bar.update(1)
+
+    calls = [((jobs[i], texts, config),
+              {"options": options, "work_dir": str(work / "layers" / keys[i]),
+               "progress": progress if cfg.engine == "local" else False})
+             for i in todo]
+    map_calls(sweep_job, calls, cfg, names=[jobs[i].name for i in todo], on_done=done,
+              failure_of=lambda r: None if r.ok else (r.info.get("error_type"), r.error))
     bar.close()
-    return results
+    return [r for r in results if r is not None]
 
 
 # --------------------------------------------------------------------------- gathering
@@ -458,6 +490,7 @@ def gather(results: Sequence[JobResult], *, primary_ccr: int = 1) -> tuple[pd.Da
                   **{k: v for k, v in r.info.items() if k not in ("job", "traceback")}}
                  for r in results],
         "failed_jobs": [{"name": r.job.name, "error": r.error,
+                         "attempts": r.info.get("attempts", 1),
                          "traceback": r.info.get("traceback")} for r in failed],
         "identical_weights": dups,
         "regimes": {(f"{m}@{r}" if r else m): reg.describe() for (m, r), reg in regimes.items()},
@@ -623,7 +656,7 @@ def run_sweep(
     out_dir: str | Path,
     options: JobOptions | None = None,
     progress: bool | None = None,
-    engine: str = "serial",
+    engine: str | Any = "local",
 ) -> SweepResult:
     """:func:`run_jobs` then :func:`gather`: the whole sweep's table and manifest entries."""
     if not jobs:
@@ -664,7 +697,8 @@ def report_sections(df: pd.DataFrame, entries: dict[str, Any], *, n_jobs: int,
                       "collapse zone is a detour, else direct. " + " ".join(lines)))
     integrity = ["WARNING: identical weights in " + ", ".join(g)
                  + " — these checkpoints are the same model." for g in entries.get("identical_weights", [])]
-    integrity += [f"FAILED job {f['name']}: {f['error']}" for f in entries.get("failed_jobs", [])]
+    integrity += [f"FAILED job {f['name']} ({f.get('attempts', 1)} attempts): {f['error']}"
+                  for f in entries.get("failed_jobs", [])]
     extra.append(("Checkpoint integrity and failures", [],
                   " ".join(integrity) if integrity else
                   f"All {n_jobs} jobs ran; no two checkpoints have identical weights (sha256 of the "

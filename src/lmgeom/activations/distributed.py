@@ -1,0 +1,208 @@
+"""Extraction of a large corpus on a Ray cluster: model-holding actors share the batches.
+
+:func:`extract_distributed` gives exactly what :func:`~lmgeom.activations.extract` gives on one
+machine — the same :class:`~lmgeom.activations.Activations`, the same cache key, the same
+shards — because both build one :class:`~lmgeom.activations.core.ExtractionPlan` and run the
+same per-batch code. The difference is who runs the forwards:
+
+1. one actor loads the model (the driver never does: a 70B model needs only to fit on the
+   workers) and builds the plan; the driver reads which shards of that key its cache already
+   holds and verifies them;
+2. up to ``--workers`` actors (each holding the model, ``--cpus-per-job`` CPUs /
+   ``--gpus-per-job`` GPUs) compute the missing batches, two in flight per actor;
+3. the driver writes every returned shard into *its* cache (``$LMGEOM_CACHE/activations``)
+   as it arrives — atomically, sha256-verified, under the key's file lock — so an interrupted
+   run resumes with the missing shards only, no shared file system is needed, and a later
+   local ``lmgeom.extract`` (or ``lmgeom analyze``) with the same settings reads everything
+   from the cache.
+
+A crashed actor is restarted by Ray (bounded by ``--retries``) and its batches are
+resubmitted; an error inside a batch (e.g. non-finite states) stops the extraction with that
+error, as a local run would.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from ..distributed import EngineConfig, ensure_ray, forwarded_env
+from ..errors import ConfigError, LmgeomError, TextsError
+from .core import Activations, _progress
+
+log = logging.getLogger(__name__)
+
+
+class ExtractWorker:
+    """A Ray actor body: holds one loaded model and computes batches of extraction plans."""
+
+    def __init__(self, spec: str, load_kwargs: dict[str, Any], threads: int | None) -> None:
+        import torch
+
+        from ..models import load_model
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.model = load_model(spec, **load_kwargs)
+        self.plans: dict[str, Any] = {}
+
+    def prepare(self, ts, params: dict[str, Any]) -> dict[str, Any]:
+        from .core import plan_extraction
+
+        plan = plan_extraction(self.model, ts, **params)
+        self.plans[plan.key] = plan
+        return {"plan": plan, "device": str(self.model.device)}
+
+    def run(self, key: str, bi: int, boxed_ts: list, params: dict[str, Any]) -> dict[str, np.ndarray]:
+        plan = self.plans.get(key)
+        if plan is None:  # a restarted actor: rebuild the plan from the corpus in the store
+            import ray
+
+            from .core import plan_extraction
+
+            plan = plan_extraction(self.model, ray.get(boxed_ts[0]), **params)
+            if plan.key != key:  # pragma: no cover - the worker's model changed under us
+                raise RuntimeError(f"plan key changed on a restarted worker ({plan.key} != {key})")
+            self.plans[key] = plan
+        return plan.run_batch(self.model, bi)
+
+
+def _n_workers(ray, cfg: EngineConfig, n_batches: int) -> int:
+    if cfg.workers:
+        return max(1, min(cfg.workers, n_batches))
+    res = ray.cluster_resources()
+    if cfg.gpus_per_job:
+        fit = int(res.get("GPU", 0) // cfg.gpus_per_job)
+    else:
+        fit = int(res.get("CPU", 1) // cfg.cpus_per_job)
+    return max(1, min(fit, n_batches))
+
+
+def _unwrap(ray, exc: Exception) -> Exception:
+    cause = getattr(exc, "cause", None)
+    if isinstance(exc, ray.exceptions.RayTaskError) and cause is not None:
+        return cause
+    return exc
+
+
+def extract_distributed(
+    model: str,
+    texts,
+    *,
+    engine: EngineConfig | None = None,
+    load_kwargs: dict[str, Any] | None = None,
+    layers="all",
+    pooling: str = "last",
+    max_length: int = 128,
+    batch_size: int = 32,
+    cache: bool = True,
+    n_tokens: int = 2048,
+    seed: int = 0,
+    progress: bool | None = None,
+    cache_root=None,
+) -> Activations:
+    """:func:`~lmgeom.activations.extract` on Ray actors (module docstring).
+
+    Args:
+        model: what :func:`~lmgeom.load_model` accepts on the workers (bundled name, hub id,
+            folder path valid on the workers).
+        texts: a :class:`~lmgeom.texts.TextSet`, list of strings or text spec (read here).
+        engine: the Ray settings (address, CPUs / GPUs per actor, ``workers``, ``retries``).
+        load_kwargs: ``dtype``, ``device``, ``revision``, ``device_map``,
+            ``trust_remote_code`` for :func:`~lmgeom.load_model` on the workers.
+        The other arguments are those of :func:`~lmgeom.activations.extract`.
+
+    Returns:
+        The same :class:`Activations` as a local extraction, with ``timings`` that also record
+        the number of workers.
+    """
+    from ..texts import as_textset
+
+    cfg = engine or EngineConfig(engine="ray")
+    if cfg.engine != "ray":
+        raise ConfigError("extract_distributed needs an EngineConfig with engine='ray'")
+    if not isinstance(model, str):
+        raise ConfigError("extract_distributed takes a model spec (name / hub id / folder), "
+                          "which every worker loads itself; not a loaded model")
+    t0 = time.perf_counter()
+    ts = as_textset(texts)
+    if len(ts) == 0:
+        raise TextsError("the corpus is empty: nothing to extract")
+    ray = ensure_ray(cfg)
+    params = dict(layers=layers, pooling=pooling, max_length=max_length, batch_size=batch_size,
+                  n_tokens=n_tokens, seed=seed)
+    env = forwarded_env()
+    Actor = ray.remote(ExtractWorker).options(
+        num_cpus=cfg.cpus_per_job, num_gpus=cfg.gpus_per_job or 0,
+        max_restarts=cfg.retries, max_task_retries=cfg.retries,
+        runtime_env={"env_vars": env} if env else None)
+    ts_ref = ray.put(ts)
+    lk = dict(load_kwargs or {})
+    actors = [Actor.remote(model, lk, cfg.threads)]
+    try:
+        try:
+            head = ray.get(actors[0].prepare.remote(ts_ref, params))
+        except ray.exceptions.RayError as exc:
+            cause = _unwrap(ray, exc)
+            if isinstance(cause, LmgeomError):
+                raise cause from None
+            raise
+        plan = head["plan"]
+        store = plan.store(cache, cache_root)
+        shards: list[dict[str, np.ndarray] | None] = [None] * len(plan.batches)
+        with store.lock():
+            store.drop_stale()
+            for bi in range(len(plan.batches)):
+                shards[bi] = store.get(bi)
+            missing = [bi for bi, s in enumerate(shards) if s is None]
+            n_work = _n_workers(ray, cfg, len(missing)) if missing else 0
+            actors += [Actor.remote(model, lk, cfg.threads) for _ in range(max(0, n_work - 1))]
+            bar = _progress(len(plan.batches), f"extract {plan.model_name} (ray x{max(n_work, 1)})",
+                            progress)
+            bar.update(len(plan.batches) - len(missing))
+            queue = list(missing)
+            tries = {bi: 0 for bi in missing}
+            inflight: dict[Any, tuple[int, int]] = {}
+
+            def feed(a: int) -> None:
+                if queue:
+                    bi = queue.pop(0)
+                    tries[bi] += 1
+                    inflight[actors[a].run.remote(plan.key, bi, [ts_ref], params)] = (bi, a)
+
+            for a in range(len(actors) if missing else 0):
+                feed(a)
+                feed(a)
+            while inflight:
+                done, _ = ray.wait(list(inflight), num_returns=1)
+                ref = done[0]
+                bi, a = inflight.pop(ref)
+                try:
+                    got = ray.get(ref)
+                except ray.exceptions.RayTaskError as exc:
+                    cause = _unwrap(ray, exc)
+                    raise cause if isinstance(cause, LmgeomError) else exc
+                except ray.exceptions.RayError as exc:  # the actor died for good
+                    if tries[bi] > cfg.retries:
+                        raise RuntimeError(f"batch {bi} failed {tries[bi]} times on Ray workers: "
+                                           f"{exc}") from exc
+                    log.warning("batch %d lost (%s); resubmitting", bi, type(exc).__name__)
+                    actors[a] = Actor.remote(model, lk, cfg.threads)
+                    queue.insert(0, bi)
+                    feed(a)
+                    continue
+                store.put(bi, got)
+                shards[bi] = got
+                bar.update(1)
+                feed(a)
+            bar.close()
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+    return plan.assemble([s for s in shards if s is not None], ts, timings={
+        "extract_s": time.perf_counter() - t0, "batches_computed": len(missing),
+        "batches_cached": len(plan.batches) - len(missing), "workers": n_work,
+        "device": head["device"]})
