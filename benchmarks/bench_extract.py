@@ -7,11 +7,11 @@ the number of texts and the sequence length.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 
-import numpy as np
 
 
 def _texts(n: int):
@@ -61,29 +61,70 @@ def _time(fn, repeat: int = 1) -> float:
     return best
 
 
-def _peak_rss(n: int, dtype: str) -> dict:
-    code = f"""
-import resource, json, lmgeom, os
-import numpy as np
-from benchmarks.bench_extract import _texts
-texts = _texts({n})
-m = lmgeom.load_model("smollm2-135m", dtype="{dtype}")
+_MEM_CHILD = r"""
+import json, resource, sys, tempfile, threading, time
+import torch, lmgeom
+from benchmarks.bench_extract import _texts, _batches, _bare
+method, n, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+texts = _texts(n)
+m = lmgeom.load_model("smollm2-135m", dtype=dtype)
+batches = _batches(m, texts, 128, 32) if method == "bare" else None
 import gc; gc.collect()
 def rss():
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
-before = rss()
-weights = sum(p.numel() * p.element_size() for p in m.hf_model.parameters()) / 2**20
-lmgeom.extract(m, texts, pooling="last", cache=False)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps(dict(rss_after_load_mb=before, peak_mb=peak, weights_mb=weights)))
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+peak = [rss()]; stop = [False]
+def sampler():
+    while not stop[0]:
+        peak[0] = max(peak[0], rss()); time.sleep(0.002)
+weights = sum(p.numel() * p.element_size() for p in m.hf_model.parameters())
+base = rss()
+th = threading.Thread(target=sampler, daemon=True); th.start()
+tmp = tempfile.mkdtemp(prefix="lmgeom-bench-tok-")
+if method == "bare":
+    _bare(m, batches)
+elif method == "extract":
+    lmgeom.extract(m, texts, pooling="last", cache=False, progress=False)
+else:  # every token of every text at every layer, streamed to disk shard by shard
+    ta = lmgeom.extract_tokens(m, texts, layers="all", max_length=128, batch_size=32,
+                               cache_root=tmp, progress=False)
+    held = int(ta.n_tokens.sum()) * len(ta.layers) * m.hf_model.config.hidden_size * 4
+stop[0] = True; th.join()
+print(json.dumps(dict(base_rss=base, peak=peak[0], weights=weights, held=locals().get("held", 0),
+                      maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=_root())
+
+
+def _peak_rss(method: str, n: int, dtype: str) -> dict:
+    env = {**os.environ, "LMGEOM_QUIET": "1", "TOKENIZERS_PARALLELISM": "false"}
+    r = subprocess.run([sys.executable, "-c", _MEM_CHILD, method, str(n), dtype],
+                       capture_output=True, text=True, cwd=_root(), env=env)
     if r.returncode != 0:
-        return {"error": r.stderr[-500:]}
+        raise RuntimeError(f"memory child {method} failed:\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def memory_rows(n: int, dtype: str = "float32") -> list[dict]:
+    """Peak RSS while each call runs (VmRSS sampled every 2 ms in a thread), each method in a
+    fresh subprocess; delta = peak - RSS just before the call (model loaded, texts in memory)."""
+    rows = []
+    res = {k: _peak_rss(k, n, dtype) for k in ("bare", "extract", "tokens")}
+    names = {"bare": "memory: bare model.model forward (floor)",
+             "extract": "memory: lmgeom.extract all layers, last",
+             "tokens": "memory: lmgeom.extract_tokens all layers, every token (streamed)"}
+    for k, r in res.items():
+        delta = (r["peak"] - r["base_rss"]) / 2**20
+        note = (f"peak {r['peak'] / 2**20:.0f} MB = weights {r['weights'] / 2**20:.0f} MB + "
+                f"{(r['peak'] - r['weights']) / 2**30:.2f} GB (target <= weights + 1.5 GB)")
+        if k == "tokens":
+            note += f"; holding every (T, d) state in memory would need {r['held'] / 2**20:.0f} MB"
+        rows.append(dict(bench="extract", dtype=dtype, n_texts=n, max_length=128, name=names[k],
+                         seconds=float("nan"), peak_delta_mb=delta,
+                         ratio=delta / max((res["bare"]["peak"] - res["bare"]["base_rss"]) / 2**20, 1),
+                         notes=note))
+    return rows
 
 
 def _root() -> str:
@@ -128,11 +169,7 @@ def run(profile: str = "quick") -> list[dict]:
                 rows.append({**base, "n_texts": 32, "max_length": T, "name": f"scaling: N=32, T={T}", "seconds": t})
         del model
         torch.set_num_threads(torch.get_num_threads())
-    mem = _peak_rss(n, "float32")
-    rows.append(dict(bench="extract", name="peak RSS of extract (fp32, subprocess)", n_texts=n,
-                     notes=json.dumps(mem),
-                     seconds=float("nan"),
-                     ratio=(mem.get("peak_mb", np.nan) - mem.get("weights_mb", np.nan)) / 1024))
+    rows += memory_rows(256, "float32")  # the target's size in both profiles
     return rows
 
 

@@ -466,3 +466,29 @@ def test_pc1_readout_share():
     assert r2.share < 0.01
     with pytest.raises(DataError, match="zero variance"):
         M.pc1_readout_share(np.ones((5, d)), V)
+
+
+def test_memoised_null_frames_are_bit_identical_to_fresh_ones(data, monkeypatch):
+    """The frame cache (one QR set reused across layers and CCR levels) changes no bit: a cache
+    hit, a miss and a run with the cache off (LMGEOM_FRAME_CACHE_MB=0) give identical nulls."""
+    from lmgeom.metrics import geometry as G
+
+    X, V = data
+    G.clear_frame_cache()
+    miss = M.subspace_pga(X, V, n_null=12, ccr=1, seed=5)
+    assert (X.shape[1], V.shape[1], 12, 5) in G._FRAME_CACHE
+    hit = M.subspace_pga(X, V, n_null=12, ccr=1, seed=5)
+    monkeypatch.setenv("LMGEOM_FRAME_CACHE_MB", "0")
+    G.clear_frame_cache()
+    off = M.subspace_pga(X, V, n_null=12, ccr=1, seed=5)
+    assert not G._FRAME_CACHE
+    np.testing.assert_array_equal(miss.null, hit.null)
+    np.testing.assert_array_equal(miss.null, off.null)
+    monkeypatch.delenv("LMGEOM_FRAME_CACHE_MB")
+    # a cached prefix of another length is not confused with this one, and frames match the
+    # documented generator order
+    rng = np.random.default_rng(5)
+    fresh = np.stack([G.random_frame(rng, X.shape[1], V.shape[1]) for _ in range(3)])
+    np.testing.assert_array_equal(M.null_frames(X.shape[1], V.shape[1], n_null=3, seed=5), fresh)
+    with pytest.raises(ValueError):
+        next(iter(G.cached_frames(X.shape[1], V.shape[1], 3, 5)))[0, 0] = 1.0  # read-only

@@ -112,7 +112,8 @@ class TorchWorker:
     def project(self, Xu: np.ndarray, Q: np.ndarray | None, *, scale: float, what: str) -> Any:
         torch = self.torch
         Xt = self.asarray(Xu)
-        Y = Xt.clone() if Q is None else Xt @ torch.as_tensor(Q, dtype=torch.float64, device=self.device)
+        # torch.tensor copies: cached null frames are read-only numpy arrays (shared across calls)
+        Y = Xt.clone() if Q is None else Xt @ torch.tensor(Q, dtype=torch.float64, device=self.device)
         norms = torch.linalg.vector_norm(Y, dim=1)
         bad = torch.nonzero(~(norms > ZERO_RTOL * scale)).flatten()
         if bad.numel():

@@ -17,6 +17,9 @@ guarantee that on its own), so that duplicate texts give exact distance ties dow
 
 from __future__ import annotations
 
+import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -309,6 +312,65 @@ def iter_frames(rng: np.random.Generator, dims: list[tuple[int, int]],
         yield [random_frame(rng, d, k) for d, k in dims]
 
 
+def _frame_cache_budget() -> int:
+    """Bytes the null-frame cache may hold (``LMGEOM_FRAME_CACHE_MB``, default 512; 0 = off)."""
+    try:
+        mb = float(os.environ.get("LMGEOM_FRAME_CACHE_MB", "512"))
+    except ValueError:
+        mb = 512.0
+    return max(0, int(mb * 2**20))
+
+
+_FRAME_CACHE: OrderedDict[tuple[int, int, int, int], tuple[np.ndarray, ...]] = OrderedDict()
+_FRAME_CACHE_LOCK = threading.Lock()
+
+
+def clear_frame_cache() -> None:
+    """Drop the null frames memoised by :func:`cached_frames` (frees their memory)."""
+    with _FRAME_CACHE_LOCK:
+        _FRAME_CACHE.clear()
+
+
+def cached_frames(d: int, k: int, n: int, seed: Any) -> Iterator[np.ndarray]:
+    """The first ``n`` frames of ``iter_frames(default_rng(seed), [(d, k)], n)``, memoised.
+
+    Every layer and CCR level of an analysis uses the same ``(d, k, n_null, seed)`` null frames;
+    generating them (one Householder QR each) was two thirds of a layer's PGA time. The frames
+    are yielded in the same order with the same bits as a fresh generator would give, so results
+    do not depend on whether the cache was hit. Frames are read-only; the cache is an LRU bounded
+    by ``LMGEOM_FRAME_CACHE_MB`` (default 512 MB); a set larger than the budget is streamed and
+    never held.
+    """
+    key = (int(d), int(k), int(n), int(seed)) if isinstance(seed, (int, np.integer)) else None
+    budget = _frame_cache_budget()
+    size = 8 * int(d) * int(k) * int(n)
+    if key is not None:
+        with _FRAME_CACHE_LOCK:
+            hit = _FRAME_CACHE.get(key)
+            if hit is not None:
+                _FRAME_CACHE.move_to_end(key)
+        if hit is not None:
+            yield from hit
+            return
+    rng = np.random.default_rng(seed)
+    if key is None or size > budget:
+        for f in iter_frames(rng, [(d, k)], n):
+            yield f[0]
+        return
+    made: list[np.ndarray] = []
+    for f in iter_frames(rng, [(d, k)], n):
+        f[0].setflags(write=False)
+        made.append(f[0])
+        yield f[0]
+    with _FRAME_CACHE_LOCK:
+        _FRAME_CACHE[key] = tuple(made)
+        _FRAME_CACHE.move_to_end(key)
+        total = sum(8 * v[0].size * len(v) for v in _FRAME_CACHE.values())
+        while total > budget and len(_FRAME_CACHE) > 1:
+            _, old = _FRAME_CACHE.popitem(last=False)
+            total -= 8 * old[0].size * len(old)
+
+
 def null_frames(d: int, k: int, n_null: int = 100, seed: int = 0) -> np.ndarray:
     """The null frames :func:`~lmgeom.metrics.subspace_pga` uses for this ``seed``.
 
@@ -326,5 +388,4 @@ def null_frames(d: int, k: int, n_null: int = 100, seed: int = 0) -> np.ndarray:
     n_null = check_int(n_null, name="n_null", minimum=1)
     if k > d:
         raise config_error(f"k={k} exceeds d={d}")
-    rng = np.random.default_rng(check_seed(seed))
-    return np.stack([f[0] for f in iter_frames(rng, [(d, k)], n_null)])
+    return np.stack(list(cached_frames(d, k, n_null, check_seed(seed))))

@@ -39,7 +39,7 @@ from lmgeom.metrics._pairs import (
     unit_rows,
     zero_rows_error,
 )
-from lmgeom.metrics.geometry import _top_directions, iter_frames
+from lmgeom.metrics.geometry import _top_directions, cached_frames
 from lmgeom.metrics.geometry import ccr as _ccr
 
 __all__ = ["PC1Share", "PGAResult", "pc1_readout_share", "subspace_pga"]
@@ -305,8 +305,7 @@ def _subspace_pga(X: Any, basis: Any, n_null: int, ccr: int, pairs: int | None, 
         Y = worker.project(Xf, frames[0], scale=prep.scale, what="in a null frame")
         return worker.spearman(ref, worker.distances(layout, Y), "in a null frame")
 
-    rng = np.random.default_rng(seed)
-    null = np.asarray(runner.map(job, iter_frames(rng, [(prep.d, k)], n_null)))
+    null = np.asarray(runner.map(job, ([f] for f in cached_frames(prep.d, k, n_null, seed))))
     s = null_summary(rho, null, label)
     return PGAResult(
         rho_readout=float(rho), null=_frozen(null), k=int(k), n_null=n_null, ccr=ccr,
