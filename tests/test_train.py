@@ -77,6 +77,9 @@ def test_full_finetune_end_to_end(tiny_dir, corpora, tmp_path):
     ppl = ev[ev.metric == "perplexity"]
     nll = ev[ev.metric == "nll"]
     assert np.allclose(np.exp(nll.value.to_numpy()), ppl.value.to_numpy())
+    # every evaluation figure carries a chunk-bootstrap interval around it
+    assert (ev.ci_low <= ev.value + 1e-12).all() and (ev.value <= ev.ci_high + 1e-12).all()
+    assert (ev[ev.metric == "perplexity"].ci_high > ev[ev.metric == "perplexity"].ci_low).all()
     assert set(df[df["eval"] == "train"].metric) == {"train_lm_loss", "train_dispersion", "train_aux"}
     # the saved model is a plain model folder lmgeom (and transformers) can load, with new weights
     folder = out / "arms" / "push-away" / "model"
@@ -125,6 +128,16 @@ def test_lora_compare_cross_domain(tiny_dir, corpora, tmp_path):
     # the training-batch cross-domain distance moves apart / together
     tr = df[(df.metric == "train_dispersion") & (df.step == 4)].set_index("arm").value
     assert tr["push-away"] > tr["none"] > tr["squeeze"]
+    # paired deltas vs the none arm: value = arm - none on the same chunks, CI brackets it
+    for metric in ("perplexity", "dispersion"):
+        dl = df[df.metric == f"{metric}_delta_vs_none"]
+        assert set(dl.arm) == {"push-away", "squeeze"}
+        last = df[(df.metric == metric) & (df.step == 4)].pivot_table(index="eval", columns="arm",
+                                                                       values="value")
+        for _, r in dl.iterrows():
+            assert r.value == pytest.approx(last.loc[r["eval"], r.arm] - last.loc[r["eval"], "none"],
+                                            rel=1e-6, abs=1e-9)  # float32 chunk means
+            assert r.ci_low <= r.value <= r.ci_high
     for arm in ("none", "push-away", "squeeze"):
         ad = out / "arms" / arm / "model"
         assert (ad / "adapter_model.safetensors").is_file() and (ad / "adapter_config.json").is_file()
@@ -193,3 +206,27 @@ def test_schedule_split_and_config_checks():
             FinetuneConfig(**bad)
     assert FinetuneConfig(method="full").learning_rate == 5e-5
     assert FinetuneConfig().eval_steps == [0, 50, 100, 150, 200]
+
+
+def test_chunk_ci_is_the_documented_bootstrap():
+    """Perplexity CI = exp of the percentile interval of sum(NLL)/sum(tokens) over chunks
+    resampled with default_rng(seed).integers(0, n, n), checked against an explicit loop."""
+    from lmgeom.training.finetune import chunk_ci
+
+    rng = np.random.default_rng(3)
+    ntok = rng.integers(50, 128, 40).astype(float)
+    nll = ntok * rng.uniform(2.5, 3.5, 40)
+    disp = rng.uniform(0.3, 0.6, 40)
+    got = chunk_ci(nll, ntok, disp, seed=7, n_boot=500)
+    r = np.random.default_rng(7)
+    reps = []
+    for _ in range(500):
+        idx = r.integers(0, 40, size=40)
+        reps.append(nll[idx].sum() / ntok[idx].sum())
+    lo, hi = np.percentile(reps, [2.5, 97.5])
+    np.testing.assert_allclose(got["nll"], [lo, hi], rtol=1e-12)
+    np.testing.assert_allclose(got["perplexity"], np.exp([lo, hi]), rtol=1e-12)
+    assert got["dispersion"][0] < disp.mean() < got["dispersion"][1]
+    same = chunk_ci(np.full(10, 30.0), np.full(10, 10.0), np.full(10, 0.5))
+    np.testing.assert_allclose(same["perplexity"], [np.exp(3.0)] * 2)
+    assert np.isnan(chunk_ci([1.0], [1.0], [0.5])["perplexity"]).all()

@@ -149,6 +149,14 @@ def run(args) -> int:
                 short = {"perplexity": "ppl", "dispersion": "disp", "cross_dispersion": "cross"}[k]
                 rec[f"{short} before"] = r[f"{k}_before"]
                 rec[f"{short} after"] = r[f"{k}_after"]
+                lo, hi = r.get(f"{k}_after_ci_low"), r.get(f"{k}_after_ci_high")
+                if lo is not None and lo == lo:
+                    rec[f"{short} after 95% CI"] = f"{lo:.4f}-{hi:.4f}"
+        for k, short in (("perplexity", "Δppl vs none"), ("dispersion", "Δdisp vs none")):
+            v = r.get(f"{k}_delta_vs_none")
+            if v is not None and v == v:
+                rec[f"{short} (95% CI)"] = (f"{v:+.4f} ({r[f'{k}_delta_ci_low']:+.4f}, "
+                                           f"{r[f'{k}_delta_ci_high']:+.4f})")
         rows.append(rec)
     cols = list(dict.fromkeys(k for r in rows for k in r))
     print_table(rows, cols, floatfmt="{:.4f}")

@@ -326,12 +326,40 @@ def _mean_unit(h, mask):
     return (u * w).sum(1) / w.sum(1).clamp_min(1.0)
 
 
+def chunk_ci(nll_sum: Any, n_predicted: Any, disp: Any, *, seed: int = 0, n_boot: int = 1000,
+             level: float = 0.95) -> dict[str, list[float]]:
+    """95 % percentile-bootstrap intervals over evaluation chunks (chunks resampled with
+    replacement, ``default_rng(seed)``): perplexity and NLL as the corpus ratio
+    ``Σ NLL / Σ tokens`` of the resampled chunks, dispersion as their mean. With < 2 chunks the
+    interval is NaN."""
+    from ..metrics import bootstrap_ci
+
+    nll_sum = np.asarray(nll_sum, dtype=np.float64)
+    n_pred = np.asarray(n_predicted, dtype=np.float64)
+    disp = np.asarray(disp, dtype=np.float64)
+    if nll_sum.shape[0] < 2:
+        nan = [float("nan"), float("nan")]
+        return {"perplexity": nan, "nll": nan, "dispersion": nan}
+    b = bootstrap_ci((nll_sum, n_pred), lambda a, n: float(a.sum() / n.sum()), n_boot=n_boot,
+                     level=level, seed=seed)
+    ok = np.isfinite(disp)
+    if ok.sum() >= 2:
+        bd = bootstrap_ci(disp[ok], lambda x: float(x.mean()), n_boot=n_boot, level=level, seed=seed)
+        dci = [bd.low, bd.high]
+    else:
+        dci = [float("nan"), float("nan")]
+    return {"perplexity": [math.exp(b.low), math.exp(b.high)], "nll": [b.low, b.high],
+            "dispersion": dci}
+
+
 def evaluate(lm, eval_sets: dict[str, np.ndarray], label: str, *, batch_size: int = 8,
-             skip_first: bool = False, dtype: str = "float32") -> dict[str, dict[str, float]]:
+             skip_first: bool = False, dtype: str = "float32",
+             seed: int = 0) -> dict[str, dict[str, float]]:
     """Perplexity, mean NLL and mean token-level dispersion (at ``label``) per evaluation set.
 
     Returns:
-        ``{set name: {"perplexity", "nll", "dispersion", "n_chunks", "n_tokens"}}`` plus, per
+        ``{set name: {"perplexity", "nll", "dispersion", "n_chunks", "n_tokens", "ci"}}``
+        (``ci``: :func:`chunk_ci` intervals over the set's chunks, seeded by ``seed``) plus, per
         set, ``"_mean_unit"`` / ``"_n_units"`` (pooled mean unit vector and token count, for
         :func:`cross_dispersion`).
     """
@@ -363,6 +391,10 @@ def evaluate(lm, eval_sets: dict[str, np.ndarray], label: str, *, batch_size: in
             out[name] = {"perplexity": math.exp(nll), "nll": nll,
                          "dispersion": float(np.nanmean(disp)), "n_chunks": len(toks),
                          "n_tokens": n_tok,
+                         "ci": chunk_ci(res.nll_sum, res.n_predicted, disp, seed=seed),
+                         "_chunk_nll": np.asarray(res.nll_sum, dtype=np.float64),
+                         "_chunk_ntok": np.asarray(res.n_predicted, dtype=np.float64),
+                         "_chunk_disp": np.asarray(disp, dtype=np.float64),
                          "_mean_unit": (mu * n_units[:, None]).sum(0) / n_units.sum(),
                          "_n_units": float(n_units.sum())}
     finally:
@@ -389,9 +421,10 @@ def eval_rows(cfg: FinetuneConfig, arm: str, label: str, step: int,
     out = []
     for name, m in ev.items():
         for metric in EVAL_METRICS:
+            lo, hi = (m.get("ci") or {}).get(metric, (float("nan"), float("nan")))
             out.append(row(model=cfg.model, revision=arm, metric=metric,
                            setting=_setting(cfg, label, name, step), value=float(m[metric]),
-                           seed=cfg.seed, n=m["n_chunks"]))
+                           ci_low=float(lo), ci_high=float(hi), seed=cfg.seed, n=m["n_chunks"]))
     names = [f"heldout:{d.spec}" for d in domains]
     for i in range(len(names)):
         for j in range(i + 1, len(names)):
@@ -414,6 +447,55 @@ def train_rows(cfg: FinetuneConfig, arm: str, label: str, step: int,
         out.append(row(model=cfg.model, revision=arm, metric=metric,
                        setting=_setting(cfg, label, "train", step),
                        value=float(np.mean([g[key] for g in logs])), seed=cfg.seed, n=len(logs)))
+    return out
+
+
+def paired_delta(a: dict[str, Any], b: dict[str, Any], *, seed: int = 0,
+                 n_boot: int = 1000) -> dict[str, tuple[float, float, float]]:
+    """``arm a − arm b`` on the same evaluation chunks, with a paired bootstrap CI (the same
+    resampled chunks for both arms, ``default_rng(seed)``): perplexity (corpus ratio), NLL and
+    mean dispersion. Returns ``{metric: (delta, low, high)}``."""
+    from ..metrics import bootstrap_ci
+
+    na, ta, da = (np.asarray(a[k], dtype=np.float64) for k in ("_chunk_nll", "_chunk_ntok", "_chunk_disp"))
+    nb, tb, db = (np.asarray(b[k], dtype=np.float64) for k in ("_chunk_nll", "_chunk_ntok", "_chunk_disp"))
+    if na.shape != nb.shape or not np.array_equal(ta, tb):
+        raise ValueError("paired_delta needs the same evaluation chunks for both arms")
+    out = {}
+    for metric, f in (
+        ("perplexity", lambda x, y, t: math.exp(x.sum() / t.sum()) - math.exp(y.sum() / t.sum())),
+        ("nll", lambda x, y, t: (x.sum() - y.sum()) / t.sum()),
+    ):
+        r = bootstrap_ci((na, nb, ta), f, n_boot=n_boot, seed=seed)
+        out[metric] = (r.estimate, r.low, r.high)
+    ok = np.isfinite(da) & np.isfinite(db)
+    r = bootstrap_ci((da[ok], db[ok]), lambda x, y: float(x.mean() - y.mean()), n_boot=n_boot,
+                     seed=seed)
+    out["dispersion"] = (r.estimate, r.low, r.high)
+    return out
+
+
+def delta_rows(cfg: FinetuneConfig, label: str, results: dict[str, ArmResult]) -> list[dict[str, Any]]:
+    """Rows ``<metric>_delta_vs_none`` for every arm other than ``none`` at the last step:
+    the arm minus the none arm on the same held-out chunks, with a paired bootstrap 95 % CI."""
+    from ..experiments.table import row
+
+    ref = results.get("none")
+    if ref is None or not ref.final_eval:
+        return []
+    out = []
+    for arm, r in results.items():
+        if arm == "none" or not r.final_eval:
+            continue
+        for name, ev in r.final_eval.items():
+            base = ref.final_eval.get(name)
+            if base is None or "_chunk_nll" not in ev or "_chunk_nll" not in base:
+                continue
+            for metric, (v, lo, hi) in paired_delta(ev, base, seed=cfg.seed).items():
+                out.append(row(model=cfg.model, revision=arm, metric=f"{metric}_delta_vs_none",
+                               setting=_setting(cfg, label, name, cfg.steps), value=float(v),
+                               ci_low=float(lo), ci_high=float(hi), seed=cfg.seed,
+                               n=ev["n_chunks"]))
     return out
 
 
@@ -536,6 +618,7 @@ class ArmResult:
     model_dir: str | None = None
     seconds: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    final_eval: dict[str, Any] | None = None  # evaluate() of the last step (encoded)
 
 
 def _load_lm(cfg: FinetuneConfig):
@@ -604,7 +687,7 @@ def train_arm(
     if done.is_file():
         r = json.loads(done.read_text())
         return ArmResult(arm, r["rows"], r["log"], True, r.get("model_dir"), r.get("seconds", 0.0),
-                         {**r.get("info", {}), "steps_run": 0})
+                         {**r.get("info", {}), "steps_run": 0}, r.get("final_eval"))
     t0 = time.perf_counter()
     lm = _load_lm(cfg)
     label = resolve_layer(lm, cfg.layer)
@@ -627,13 +710,14 @@ def train_arm(
         if found is not None:
             st = load_checkpoint(found, model, opt)
             step0, rows, logs = int(st["step"]), st["rows"], st["log"]
+            last_eval = st.get("last_eval")
             aux.calls = int(st["aux_calls"])
             elapsed = float(st.get("seconds", 0.0))
             log.info("%s: resuming from step %d (%s)", arm, step0, found)
         else:
-            step0, rows, logs, elapsed = 0, [], [], 0.0
+            step0, rows, logs, elapsed, last_eval = 0, [], [], 0.0, None
             ev = baseline if baseline is not None else evaluate(
-                lm, eval_sets, label, batch_size=cfg.eval_batch_size, skip_first=cfg.skip_first)
+                lm, eval_sets, label, batch_size=cfg.eval_batch_size, skip_first=cfg.skip_first, seed=cfg.seed)
             rows = eval_rows(cfg, arm, label, 0, ev, domains)
             if on_eval:
                 on_eval(arm, 0, ev)
@@ -682,9 +766,10 @@ def train_arm(
                          np.mean([g.get("seconds", np.nan) for g in recent]))
             if s in eval_at:
                 ev = evaluate(lm, eval_sets, label, batch_size=cfg.eval_batch_size,
-                              skip_first=cfg.skip_first)
+                              skip_first=cfg.skip_first, seed=cfg.seed)
                 rows += eval_rows(cfg, arm, label, s, ev, domains)
                 rows += train_rows(cfg, arm, label, s, since_eval)
+                last_eval = _encode_eval(ev)
                 since_eval = []
                 if on_eval:
                     on_eval(arm, s, ev)
@@ -692,6 +777,7 @@ def train_arm(
             if s % save_every == 0 or stopping:
                 save_checkpoint(ck_dir, model, opt, {
                     "step": s, "rows": rows, "log": logs, "aux_calls": aux.calls, "arm": arm,
+                    "last_eval": last_eval,
                     "seconds": elapsed + time.perf_counter() - t_run})
             if stopping:
                 bar.close()
@@ -707,12 +793,12 @@ def train_arm(
             "layer": label, "aux_degenerate_batches": aux.n_degenerate, "train_seconds": seconds,
             "wall_seconds_this_call": time.perf_counter() - t0}
     write_json(done, {"rows": rows, "log": logs, "model_dir": model_dir, "seconds": seconds,
-                      "info": info})
+                      "info": info, "final_eval": last_eval})
     if not cfg.keep_checkpoint:
         shutil.rmtree(ck_dir, ignore_errors=True)
         shutil.rmtree(ck_dir.with_name(ck_dir.name + ".old"), ignore_errors=True)
     del model, lm, opt
-    return ArmResult(arm, rows, logs, True, model_dir, seconds, info)
+    return ArmResult(arm, rows, logs, True, model_dir, seconds, info, last_eval)
 
 
 def _show_progress(progress: bool | None) -> bool:
@@ -792,7 +878,17 @@ class FinetuneResult:
                 m = g[g.metric == metric]
                 if len(m):
                     rec[f"{metric}_before"] = float(m[m.step == first].value.iloc[0])
-                    rec[f"{metric}_after"] = float(m[m.step == last].value.iloc[0])
+                    after = m[m.step == last].iloc[0]
+                    rec[f"{metric}_after"] = float(after.value)
+                    rec[f"{metric}_after_ci_low"] = float(after.ci_low)
+                    rec[f"{metric}_after_ci_high"] = float(after.ci_high)
+            for metric in ("perplexity", "dispersion"):
+                dl = df[(df.metric == f"{metric}_delta_vs_none") & (df.arm == arm)
+                        & (df["eval"] == name)]
+                if len(dl):
+                    rec[f"{metric}_delta_vs_none"] = float(dl.value.iloc[0])
+                    rec[f"{metric}_delta_ci_low"] = float(dl.ci_low.iloc[0])
+                    rec[f"{metric}_delta_ci_high"] = float(dl.ci_high.iloc[0])
             out.append(rec)
         return pd.DataFrame(out)
 
@@ -825,7 +921,7 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike[str], *, overwrite: boo
         else:
             t = time.perf_counter()
             baseline = evaluate(lm, eval_sets, label, batch_size=cfg.eval_batch_size,
-                                skip_first=cfg.skip_first)
+                                skip_first=cfg.skip_first, seed=cfg.seed)
             timings["baseline_eval_s"] = time.perf_counter() - t
             write_json(base_file, _encode_eval(baseline))
     manifest["model_info"] = lm.describe()
@@ -848,6 +944,8 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike[str], *, overwrite: boo
                 break
     finished = len(results) == len(cfg.arms) and all(r.finished for r in results.values())
     rows = [r for a in results.values() for r in a.rows]
+    if finished:
+        rows += delta_rows(cfg, label, results)
     df = tidy(rows)
     write_table(df, out_dir, "train")
     schedule = BatchSchedule(domains, cfg.batch_size, cfg.seed)
