@@ -138,6 +138,21 @@ def test_lora_compare_cross_domain(tiny_dir, corpora, tmp_path):
             assert r.value == pytest.approx(last.loc[r["eval"], r.arm] - last.loc[r["eval"], "none"],
                                             rel=1e-6, abs=1e-9)  # float32 chunk means
             assert r.ci_low <= r.value <= r.ci_high
+    # an arm finished without per-chunk results (older lmgeom) is re-evaluated from its saved
+    # adapter on rerun: the same deltas come back, so the saved adapter is the trained one
+    res_file = out / "arms" / "push-away" / "result.json"
+    r = json.loads(res_file.read_text())
+    r.pop("final_eval")
+    res_file.write_text(json.dumps(r))
+    args = _args(tiny_dir("llama"), out, [corpora["prose"], corpora["code"]], "--compare",
+                 "--aux-mode", "cross", "--lambda", "2", "--lr", "3e-3", "--merge-lora")
+    assert main(args) == 0
+    assert json.loads(res_file.read_text())["final_eval"]
+    df2 = _read(out)
+    d1 = df[df.metric.str.endswith("_delta_vs_none")].set_index(["arm", "eval", "metric"]).value.sort_index()
+    d2 = df2[df2.metric.str.endswith("_delta_vs_none")].set_index(["arm", "eval", "metric"]).value.sort_index()
+    assert d1.index.equals(d2.index)
+    np.testing.assert_allclose(d2.to_numpy(), d1.to_numpy(), rtol=1e-4, atol=1e-6)
     for arm in ("none", "push-away", "squeeze"):
         ad = out / "arms" / arm / "model"
         assert (ad / "adapter_model.safetensors").is_file() and (ad / "adapter_config.json").is_file()

@@ -627,6 +627,29 @@ def _load_lm(cfg: FinetuneConfig):
     return load_model(cfg.model, dtype="float32", device=cfg.device)
 
 
+def _reevaluate_saved(cfg: FinetuneConfig, model_dir: Path,
+                      eval_sets: dict[str, np.ndarray]) -> dict[str, Any] | None:
+    """:func:`evaluate` of a finished arm's saved model (full: the model folder; LoRA: the base
+    model with the saved adapter), encoded; None if the folder is gone."""
+    from ..models import load_model
+
+    if not model_dir.is_dir():
+        return None
+    if cfg.method == "lora":
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        lm = _load_lm(cfg)
+        model = _attach(lm, cfg)
+        set_peft_model_state_dict(model, load_file(str(model_dir / "adapter_model.safetensors")))
+    else:
+        lm = load_model(model_dir, dtype="float32", device=cfg.device)
+    label = resolve_point(lm, cfg.layer)
+    log.info("re-evaluating the saved model in %s (per-chunk results)", model_dir)
+    return _encode_eval(evaluate(lm, eval_sets, label, batch_size=cfg.eval_batch_size,
+                                 skip_first=cfg.skip_first, seed=cfg.seed))
+
+
 def _attach(lm, cfg: FinetuneConfig):
     """The module to train: the LoRA-wrapped model (adapters injected in place) or the model."""
     if cfg.method == "full":
@@ -686,6 +709,10 @@ def train_arm(
     done = arm_dir / "result.json"
     if done.is_file():
         r = json.loads(done.read_text())
+        if r.get("final_eval") is None and r.get("model_dir"):
+            # finished by an older lmgeom without per-chunk results: re-evaluate the saved model
+            r["final_eval"] = _reevaluate_saved(cfg, Path(r["model_dir"]), eval_sets)
+            write_json(done, r)
         return ArmResult(arm, r["rows"], r["log"], True, r.get("model_dir"), r.get("seconds", 0.0),
                          {**r.get("info", {}), "steps_run": 0}, r.get("final_eval"))
     t0 = time.perf_counter()
