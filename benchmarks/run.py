@@ -80,9 +80,13 @@ def main(argv=None) -> int:
         took = time.perf_counter() - t
         print(_table(rows), flush=True)
         doc = (mod.__doc__ or "").strip()
-        sections.append(f"## {name}\n\n{doc}\n\n{_table(rows)}\n\n_(bench took {took:.0f} s)_\n")
-    head = (f"# Benchmark results\n\nLatest `make bench` (profile `{args.profile}`), "
-            f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}.\n\nMachine: {_machine()}\n\n"
+        sections.append(f"## {name}\n\n{doc}\n\n{_table(rows)}\n\n_(profile `{args.profile}`, "
+                        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; bench took "
+                        f"{took:.0f} s)_\n")
+    head = (f"# Benchmark results\n\nLatest `make bench` (`python benchmarks/run.py --profile "
+            f"{args.profile}{' --only ' + args.only if args.only else ''}`), "
+            f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; each section names its own "
+            f"profile and time.\n\nMachine: {_machine()}\n\n"
             "Ratios compare methods measured in the same run on the same inputs.\n\n")
     out = Path(args.out)
     if args.only and out.exists():
