@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+from benchmarks._util import loglog_slope
+
 
 
 def _texts(n: int):
@@ -52,14 +54,6 @@ def _naive(model, batches):
     return out
 
 
-def _slope(xs, ts) -> float:
-    import math
-
-    lx, lt = [math.log(x) for x in xs], [math.log(t) for t in ts]
-    mx, mt = sum(lx) / len(lx), sum(lt) / len(lt)
-    return sum((a - mx) * (b - mt) for a, b in zip(lx, lt)) / sum((a - mx) ** 2 for a in lx)
-
-
 def _naive_rows(name: str, dtype: str, n: int, batch_size: int) -> list[dict]:
     """The same three-way comparison on a model whose readout is a large share of the forward
     (Gemma-3-270M: a 262,144-token vocabulary), where the naive path's all-position logits cost
@@ -93,7 +87,7 @@ def _time(fn, repeat: int = 1) -> float:
 
 
 _MEM_CHILD = r"""
-import json, resource, sys, tempfile, threading, time
+import json, resource, sys, tempfile
 import torch, lmgeom
 from benchmarks.bench_extract import _texts, _batches, _bare
 method, n, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -101,29 +95,20 @@ texts = _texts(n)
 m = lmgeom.load_model("smollm2-135m", dtype=dtype)
 batches = _batches(m, texts, 128, 32) if method == "bare" else None
 import gc; gc.collect()
-def rss():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-peak = [rss()]; stop = [False]
-def sampler():
-    while not stop[0]:
-        peak[0] = max(peak[0], rss()); time.sleep(0.002)
+from benchmarks._util import PeakRSS
 weights = sum(p.numel() * p.element_size() for p in m.hf_model.parameters())
-base = rss()
-th = threading.Thread(target=sampler, daemon=True); th.start()
 tmp = tempfile.mkdtemp(prefix="lmgeom-bench-tok-")
-if method == "bare":
-    _bare(m, batches)
-elif method == "extract":
-    lmgeom.extract(m, texts, pooling="last", cache=False, progress=False)
-else:  # every token of every text at every layer, streamed to disk shard by shard
-    ta = lmgeom.extract_tokens(m, texts, layers="all", max_length=128, batch_size=32,
-                               cache_root=tmp, progress=False)
-    held = int(ta.n_tokens.sum()) * len(ta.layers) * m.hf_model.config.hidden_size * 4
-stop[0] = True; th.join()
-print(json.dumps(dict(base_rss=base, peak=peak[0], weights=weights, held=locals().get("held", 0),
+held = 0
+with PeakRSS() as mem:
+    if method == "bare":
+        _bare(m, batches)
+    elif method == "extract":
+        lmgeom.extract(m, texts, pooling="last", cache=False, progress=False)
+    else:  # every token of every text at every layer, streamed to disk shard by shard
+        ta = lmgeom.extract_tokens(m, texts, layers="all", max_length=128, batch_size=32,
+                                   cache_root=tmp, progress=False)
+        held = int(ta.n_tokens.sum()) * len(ta.layers) * m.hf_model.config.hidden_size * 4
+print(json.dumps(dict(base_rss=mem.base, peak=mem.peak, weights=weights, held=held,
                       maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)))
 """
 
@@ -199,7 +184,7 @@ def run(profile: str = "quick") -> list[dict]:
                 rows.append({**base, "n_texts": nn, "name": f"scaling: N={nn}, T=128", "seconds": t,
                              "notes": f"{1000 * t / nn:.0f} ms per text"})
             rows.append({**base, "n_texts": "", "name": "scaling exponent in N (log-log fit)",
-                         "seconds": float("nan"), "ratio": _slope(ns, tn),
+                         "seconds": float("nan"), "ratio": loglog_slope(ns, tn),
                          "notes": "1.0 = linear in the number of texts"})
             Ts, tt = (32, 64, 128) if not full else (64, 128, 256, 512), []
             for T in Ts:
@@ -208,7 +193,7 @@ def run(profile: str = "quick") -> list[dict]:
                 rows.append({**base, "n_texts": 32, "max_length": T, "name": f"scaling: N=32, T={T}", "seconds": t,
                              "notes": f"{1e6 * t / (32 * T):.0f} us per token"})
             rows.append({**base, "n_texts": 32, "max_length": "", "name": "scaling exponent in T (log-log fit)",
-                         "seconds": float("nan"), "ratio": _slope(Ts, tt),
+                         "seconds": float("nan"), "ratio": loglog_slope(Ts, tt),
                          "notes": "1.0 = linear in sequence length (attention's T^2 term is small at these T)"})
         del model
         torch.set_num_threads(torch.get_num_threads())

@@ -22,11 +22,12 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 
 _CHILD = r"""
-import json, os, resource, sys, threading, time
+import json, os, resource, sys, time
 import numpy as np, torch
 method, model_name, B, T, dtype, pc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 torch.manual_seed(0)
@@ -50,16 +51,6 @@ mask = torch.zeros((B, L), dtype=torch.long)
 for i, e in enumerate(enc):
     input_ids[i, :len(e)] = torch.tensor(e); mask[i, :len(e)] = 1
 
-def rss():
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-peak = [0]; stop = [False]
-def sampler():
-    while not stop[0]:
-        peak[0] = max(peak[0], rss()); time.sleep(0.002)
-
 def plain():
     with torch.no_grad():
         logits = model.hf_model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
@@ -79,21 +70,21 @@ def base_only():
     return np.full(B, np.nan)
 
 fn = {"plain": plain, "lmgeom": chunked, "base": base_only}[method]
-base = rss(); maxrss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-peak[0] = base
-th = threading.Thread(target=sampler, daemon=True); th.start()
-t0 = time.perf_counter(); out = fn(); dt = time.perf_counter() - t0
-stop[0] = True; th.join()
+from benchmarks._util import PeakRSS
+maxrss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+with PeakRSS() as mem:
+    t0 = time.perf_counter(); out = fn(); dt = time.perf_counter() - t0
 maxrss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"seconds": dt, "peak_delta": peak[0] - base, "maxrss_delta": max(0, maxrss1 - maxrss0),
-                  "base_rss": base, "ppl": [float(x) for x in out], "n_tokens": int(mask.sum())}))
+print(json.dumps({"seconds": dt, "peak_delta": mem.peak - mem.base, "maxrss_delta": max(0, maxrss1 - maxrss0),
+                  "base_rss": mem.base, "ppl": [float(x) for x in out], "n_tokens": int(mask.sum())}))
 """
 
 
 def _child(method: str, model: str, B: int, T: int, dtype: str, pc: str = "auto") -> dict:
     env = {**os.environ, "LMGEOM_QUIET": "1", "TOKENIZERS_PARALLELISM": "false"}
     res = subprocess.run([sys.executable, "-c", _CHILD, method, model, str(B), str(T), dtype, pc],
-                         capture_output=True, text=True, env=env, timeout=1800, check=False)
+                         capture_output=True, text=True, env=env, timeout=1800, check=False,
+                         cwd=str(Path(__file__).resolve().parent.parent))
     if res.returncode != 0:
         raise RuntimeError(f"{method} child failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])

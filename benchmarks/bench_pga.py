@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from benchmarks._util import loglog_slope
+
 D, K, N_NULL, PAIRS = 576, 100, 100, 200_000
 
 
@@ -60,11 +62,6 @@ def naive_pga(X: np.ndarray, V: np.ndarray, n_null: int, seed: int, timed_nulls:
     z = (rho - null.mean()) / null.std(ddof=1) if timed_nulls == n_null else float("nan")
     return {"wall": setup.wall + f * loop.wall, "cpu": setup.cpu + f * loop.cpu,
             "rho": float(rho), "null": null, "z": z}
-
-
-def _slope(xs, ts) -> float:
-    lx, lt = np.log(np.asarray(xs, float)), np.log(np.asarray(ts, float))
-    return float(np.polyfit(lx, lt, 1)[0])
 
 
 def _row(name, n, clock, naive=None, z=float("nan"), notes=""):
@@ -125,7 +122,7 @@ def run(profile: str = "quick") -> list[dict]:
         rows.append({"bench": "pga", "name": f"growth exponent in N: {label}",
                      "N": f"{rr[0]['N']}-{rr[-1]['N']}", "seconds": float("nan"),
                      "z": float("nan"), "ratio_vs_naive": float("nan"),
-                     "notes": f"time ~ N^{_slope([r['N'] for r in rr], [r['seconds'] for r in rr]):.2f} "
+                     "notes": f"time ~ N^{loglog_slope([r['N'] for r in rr], [r['seconds'] for r in rr]):.2f} "
                               "(log-log fit; pairs alone would give 2 for exact, 0 for sampled; the "
                               "sampled mode keeps the O(N d k) projection onto each null frame)"})
     X, V = _data(2000, seed=2)
