@@ -457,8 +457,11 @@ def paired_delta(a: dict[str, Any], b: dict[str, Any], *, seed: int = 0,
     mean dispersion. Returns ``{metric: (delta, low, high)}``."""
     from ..metrics import bootstrap_ci
 
-    na, ta, da = (np.asarray(a[k], dtype=np.float64) for k in ("_chunk_nll", "_chunk_ntok", "_chunk_disp"))
-    nb, tb, db = (np.asarray(b[k], dtype=np.float64) for k in ("_chunk_nll", "_chunk_ntok", "_chunk_disp"))
+    def chunks(ev: dict[str, Any]) -> tuple[np.ndarray, ...]:
+        return tuple(np.asarray(ev[k], dtype=np.float64)
+                     for k in ("_chunk_nll", "_chunk_ntok", "_chunk_disp"))
+
+    (na, ta, da), (nb, tb, db) = chunks(a), chunks(b)
     if na.shape != nb.shape or not np.array_equal(ta, tb):
         raise ValueError("paired_delta needs the same evaluation chunks for both arms")
     out = {}
