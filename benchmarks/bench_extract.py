@@ -26,10 +26,10 @@ def _texts(n: int):
 
 
 def _batches(model, texts, max_length, batch_size):
-    from lmgeom.activations.core import _pad_batch, encode_texts
+    from lmgeom.activations.core import pad_batch, encode_texts
 
     enc = encode_texts(model, texts, max_length)
-    return [_pad_batch(model, enc, idx) for idx in enc.batches(batch_size)]
+    return [pad_batch(model, enc, idx) for idx in enc.batches(batch_size)]
 
 
 def _bare(model, batches):

@@ -16,7 +16,7 @@ import torch
 import lmgeom
 from lmgeom.cli import main
 from lmgeom.errors import ConfigError, DataError, TextsError
-from lmgeom.experiments import table
+from lmgeom.results import table
 from lmgeom.experiments.clusters import (
     ClusterConfig,
     cluster_rows,

@@ -88,7 +88,7 @@ def test_sweep_ray_equals_local(cluster, suite, tmp_path):
 
 
 def test_retry_then_report_keeps_other_results(cluster, suite, tmp_path):
-    from lmgeom.distributed import EngineConfig
+    from lmgeom.engines.base import EngineConfig
     from lmgeom.experiments.layer_sweep import SweepConfig
     from lmgeom.experiments.sweep import jobs_from_suite, run_sweep
     from lmgeom.texts import as_textset
@@ -128,7 +128,7 @@ def test_retry_then_report_keeps_other_results(cluster, suite, tmp_path):
 def test_local_engine_retries_the_same_way(cluster, suite, tmp_path):
     from dataclasses import replace
 
-    from lmgeom.distributed import EngineConfig
+    from lmgeom.engines.base import EngineConfig
     from lmgeom.experiments.layer_sweep import SweepConfig
     from lmgeom.experiments.sweep import jobs_from_suite, run_sweep
     from lmgeom.texts import as_textset
@@ -143,8 +143,8 @@ def test_local_engine_retries_the_same_way(cluster, suite, tmp_path):
 
 def test_extract_ray_fills_the_cache_local_reads(cluster, tiny_dir, tmp_path, monkeypatch):
     from lmgeom import extract, load_model
-    from lmgeom.activations.distributed import extract_distributed
-    from lmgeom.distributed import EngineConfig
+    from lmgeom.engines.ray_extract import extract_distributed
+    from lmgeom.engines.base import EngineConfig
 
     folder = str(tiny_dir("llama"))
     texts = _texts(40, seed=3)

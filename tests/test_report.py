@@ -16,7 +16,7 @@ from matplotlib.collections import PolyCollection
 from PIL import Image
 
 from lmgeom.errors import ConfigError, DataError
-from lmgeom.experiments.table import frame, read_table, row, write_table
+from lmgeom.results.table import frame, read_table, row, write_table
 from lmgeom.report import html as report_html
 from lmgeom.report import plots, reading
 from lmgeom.report.html import write_report

@@ -68,7 +68,7 @@ def test_zone_rule_edges():
 
 def test_regime_agrees_with_report_reading():
     """Random profiles: detour exactly when the report's reading finds a collapse zone."""
-    from lmgeom.experiments import table
+    from lmgeom.results import table
     from lmgeom.report.reading import pga_findings
 
     rng = np.random.default_rng(0)
@@ -95,7 +95,7 @@ def test_regime_errors_and_rows():
 
 
 def test_regimes_from_table_and_tracked_layers():
-    from lmgeom.experiments import table
+    from lmgeom.results import table
     from lmgeom.experiments.sweep import tracked_layers, trajectory_rows
 
     rows = []
@@ -170,7 +170,7 @@ def swept(micro, tmp_path_factory):
 
 
 def test_sweep_rows_per_width_and_step(micro, swept):
-    from lmgeom.experiments.table import COLUMNS
+    from lmgeom.results.table import COLUMNS
 
     _, manifest, _ = micro
     out, df, man = swept

@@ -77,7 +77,7 @@ def encode_texts(model, texts: Sequence[str], max_length: int) -> Encoded:
     return Encoded(tuple(ids), n_trunc, max_length)
 
 
-def _pad_batch(model, enc: Encoded, idx: np.ndarray):
+def pad_batch(model, enc: Encoded, idx: np.ndarray):
     import torch
 
     rows = [enc.ids[i] for i in idx]
@@ -221,7 +221,7 @@ def _digest(tensors: dict[str, np.ndarray]) -> str:
 
 
 # ---------------------------------------------------------------------- cache
-class _ShardCache:
+class ShardCache:
     """A folder of verified shards ``shard-XXXXX.safetensors`` for one cache key."""
 
     def __init__(self, key: str, settings: dict[str, Any], enabled: bool, root: Path | None):
@@ -283,13 +283,13 @@ class _ShardCache:
         return FileLock(str(self.dir) + ".lock")
 
 
-def _identity_for_key(model) -> dict[str, Any]:
+def model_identity(model) -> dict[str, Any]:
     ident = {k: v for k, v in model.identity.items() if k not in ("name", "path")}
     ident["model_type"] = model.model_type
     return ident
 
 
-def _progress(total: int, desc: str, progress: bool | None):
+def progress_bar(total: int, desc: str, progress: bool | None):
     from tqdm.auto import tqdm
 
     if progress is None:
@@ -297,7 +297,7 @@ def _progress(total: int, desc: str, progress: bool | None):
     return tqdm(total=total, desc=desc, unit="batch", disable=not progress, leave=False)
 
 
-def _check_finite(label: str, arr: np.ndarray, dtype: str) -> None:
+def check_finite(label: str, arr: np.ndarray, dtype: str) -> None:
     bad = ~np.isfinite(arr)
     if bad.any():
         hint = " (fp16 overflow is a common cause: use --dtype float32 or bfloat16)" if "16" in dtype else ""
@@ -354,7 +354,7 @@ def extract(
     shards: list[dict[str, np.ndarray]] = []
     with store.lock():
         store.drop_stale()
-        bar = _progress(len(plan.batches), f"extract {model.name}", progress)
+        bar = progress_bar(len(plan.batches), f"extract {model.name}", progress)
         for bi in range(len(plan.batches)):
             got = store.get(bi)
             if got is None:
@@ -389,8 +389,8 @@ class ExtractionPlan:
     model_identity: dict[str, Any]
     texts_source: str
 
-    def store(self, cache: bool, cache_root=None) -> _ShardCache:
-        return _ShardCache(self.key, {**self.settings, "model": self.model_name,
+    def store(self, cache: bool, cache_root=None) -> ShardCache:
+        return ShardCache(self.key, {**self.settings, "model": self.model_name,
                                       "texts": self.texts_source}, cache,
                            Path(cache_root) if cache_root else None)
 
@@ -436,7 +436,7 @@ def plan_extraction(model, ts, *, layers="all", pooling: str = "last", max_lengt
     }
     if pooling == "tokens":
         settings.update({"n_tokens": n_tokens, "seed": seed})
-    key = stable_hash({"model": _identity_for_key(model), "texts": ts.hash, **settings})[:32]
+    key = stable_hash({"model": model_identity(model), "texts": ts.hash, **settings})[:32]
     sample_pos: dict[int, np.ndarray] = {}
     if pooling == "tokens":
         sample_pos = _sample_positions(enc.lengths, n_tokens, seed)
@@ -466,7 +466,7 @@ def _sample_positions(lengths: np.ndarray, n_tokens: int, seed: int) -> dict[int
 
 
 def _run_batch(model, enc, idx, points, pooling, bos, sample_pos, dtype, torch):
-    input_ids, mask = _pad_batch(model, enc, idx)
+    input_ids, mask = pad_batch(model, enc, idx)
     lengths = mask.sum(1)
     pooled: dict[str, Any] = {}
     if pooling == "mean":
@@ -500,7 +500,7 @@ def _run_batch(model, enc, idx, points, pooling, bos, sample_pos, dtype, torch):
     if missing:  # pragma: no cover - would be an adapter bug
         raise RuntimeError(f"hooks did not fire for {missing}")
     for p in points:
-        _check_finite(p, pooled[p], dtype)
+        check_finite(p, pooled[p], dtype)
     out = {"states": np.stack([pooled[p] for p in points])}
     if pooling == "tokens":
         out["row_text"] = np.asarray(owners, dtype=np.int64)
@@ -596,26 +596,26 @@ def extract_tokens(
     dtype = str(model.dtype).replace("torch.", "")
     settings = {"version": EXTRACT_VERSION, "pooling": "none", "max_length": max_length,
                 "batch_size": batch_size, "dtype": dtype, "layers": list(points)}
-    key = "tok-" + stable_hash({"model": _identity_for_key(model), "texts": ts.hash, **settings})[:28]
+    key = "tok-" + stable_hash({"model": model_identity(model), "texts": ts.hash, **settings})[:28]
     if not cache:
         import tempfile
 
         root = Path(tempfile.mkdtemp(prefix="lmgeom-tokens-"))
     else:
         root = Path(cache_root) if cache_root else None
-    store = _ShardCache(key, {**settings, "model": model.name}, True, root)
+    store = ShardCache(key, {**settings, "model": model.name}, True, root)
     batches = enc.batches(batch_size)
     where: dict[int, tuple[int, int]] = {}
     with store.lock():
         store.drop_stale()
-        bar = _progress(len(batches), f"tokens {model.name}", progress)
+        bar = progress_bar(len(batches), f"tokens {model.name}", progress)
         for bi, idx in enumerate(batches):
             for j, t in enumerate(idx):
                 where[int(t)] = (bi, j)
             if store.get(bi) is not None:
                 bar.update(1)
                 continue
-            input_ids, mask = _pad_batch(model, enc, idx)
+            input_ids, mask = pad_batch(model, enc, idx)
             lens = mask.sum(1).cpu().numpy()
             got: dict[str, np.ndarray] = {}
 
@@ -626,7 +626,7 @@ def extract_tokens(
             with model.capture(points, sink):
                 model.run_base(input_ids, mask)
             for p in points:
-                _check_finite(p, got[f"h:{p}"], dtype)
+                check_finite(p, got[f"h:{p}"], dtype)
             got["offsets"] = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
             got["index"] = np.asarray(idx, dtype=np.int64)
             store.put(bi, got)

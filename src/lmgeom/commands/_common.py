@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..engines.base import EngineConfig
 from ..models.bundled import DEFAULT_MODEL
 
 DEFAULT_TEXTS = "builtin:domains"
@@ -64,6 +65,43 @@ def add_run_args(p: argparse.ArgumentParser, *, out: str | None = None) -> None:
                    help="replace an output folder that holds a different run")
     g.add_argument("--seed", type=int, default=0, help="seed of every sampling step")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def add_engine_args(p, *, extraction: bool = False) -> None:
+    """``--engine``, ``--ray-address``, ``--cpus-per-job``, ``--gpus-per-job``, ``--retries``."""
+    g = p.add_argument_group("execution (see README: Running on a cluster)")
+    g.add_argument("--engine", default="local", choices=["local", "ray", "serial"],
+                   help="local: in this process; ray: one Ray task per job on a Ray cluster "
+                        "(pip install 'lmgeom[ray]')")
+    g.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="Ray cluster to join (auto, host:6379, ray://host:10001; default "
+                        "$RAY_ADDRESS, else a private local Ray instance)")
+    g.add_argument("--ray-num-cpus", type=int, default=None,
+                   help="CPUs of the private local Ray instance (default: all)")
+    g.add_argument("--cpus-per-job", type=float, default=1.0,
+                   help="CPUs each Ray job requests (also its torch thread count)")
+    g.add_argument("--gpus-per-job", type=float, default=0.0,
+                   help="GPUs each Ray job requests (0: CPU jobs; 0.5 packs two jobs per GPU)")
+    g.add_argument("--retries", type=int, default=2,
+                   help="extra attempts for a failed job before it is reported as failed")
+    if extraction:
+        g.add_argument("--workers", type=int, default=None,
+                       help="model-holding Ray actors sharing the batches (default: as many as "
+                            "the cluster fits, at most one per batch)")
+
+
+def engine_from_args(args):
+    """The engine of a command's options; with ``--engine ray`` Ray is started (or joined) and
+    the requested resources checked now, before any output folder is written."""
+    cfg = EngineConfig(engine=args.engine, address=args.ray_address,
+                       cpus_per_job=args.cpus_per_job, gpus_per_job=args.gpus_per_job,
+                       retries=args.retries, num_cpus=args.ray_num_cpus,
+                       workers=getattr(args, "workers", None))
+    if cfg.engine == "ray":
+        from ..engines.ray_cluster import ensure_ray
+
+        ensure_ray(cfg)
+    return cfg
 
 
 def default_out(command: str, models) -> str:

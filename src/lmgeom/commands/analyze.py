@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from ..distributed import add_engine_args
 from ._common import (
+    add_engine_args,
     add_extract_args,
     add_model_args,
     add_run_args,
@@ -87,9 +87,9 @@ def analyze_one(spec: str, texts, config, *, load_kwargs: dict, cache: bool = Tr
     import pandas as pd
 
     from ..activations import extract
-    from ..experiments import table
     from ..experiments.layer_sweep import run_layer_sweep
     from ..models import load_model
+    from ..results import table
 
     timings: dict[str, float] = {}
     t = time.perf_counter()
@@ -119,13 +119,14 @@ def analyze_one(spec: str, texts, config, *, load_kwargs: dict, cache: bool = Tr
 
 def run(args) -> int:
     from .._io import write_json
-    from ..distributed import engine_from_args, map_calls
+    from ..engines import map_calls
     from ..errors import LmgeomError
-    from ..experiments import table
     from ..experiments.layer_sweep import config_dict
-    from ..experiments.manifest import base_manifest, now
     from ..models.bundled import DEFAULT_MODEL
-    from ..runs import prepare_out_dir, run_signature
+    from ..results import table
+    from ..results.folder import prepare_out_dir, run_signature
+    from ..results.manifest import base_manifest, now
+    from ._common import engine_from_args
 
     t_start = time.perf_counter()
     progress = progress_from_args(args)

@@ -52,7 +52,6 @@ def run(args) -> int:
     import numpy as np
 
     from .._io import write_json
-    from ..experiments import table
     from ..experiments.clusters import (
         ClusterConfig,
         cluster_rows,
@@ -60,11 +59,12 @@ def run(args) -> int:
         config_dict,
         find_clusters,
     )
-    from ..experiments.manifest import base_manifest, now
     from ..models.bundled import DEFAULT_MODEL
     from ..report.html import write_report
     from ..report.plots import plot_metric_by_layer
-    from ..runs import prepare_out_dir, run_signature
+    from ..results import table
+    from ..results.folder import prepare_out_dir, run_signature
+    from ..results.manifest import base_manifest, now
 
     t0 = time.perf_counter()
     progress = progress_from_args(args)

@@ -50,7 +50,6 @@ def run(args) -> int:
     from .._io import write_json
     from ..activations import extract
     from ..errors import ConfigError
-    from ..experiments import table
     from ..experiments.convergence import (
         ConvergeConfig,
         converge_pair,
@@ -59,9 +58,10 @@ def run(args) -> int:
         summary_rows,
     )
     from ..experiments.layer_sweep import SweepConfig, model_basis
-    from ..experiments.manifest import base_manifest, now
     from ..report.html import write_report
-    from ..runs import prepare_out_dir, run_signature
+    from ..results import table
+    from ..results.folder import prepare_out_dir, run_signature
+    from ..results.manifest import base_manifest, now
 
     t0 = time.perf_counter()
     progress = progress_from_args(args)

@@ -79,7 +79,6 @@ def run(args) -> int:
     import pandas as pd
 
     from .._io import write_json
-    from ..experiments import table
     from ..experiments.dispersion import (
         attach_to_run,
         config_dict,
@@ -87,11 +86,12 @@ def run(args) -> int:
         measure_chunks,
         plot_scatter,
     )
-    from ..experiments.manifest import base_manifest, now
     from ..models.bundled import DEFAULT_MODEL
     from ..report.html import write_report
     from ..report.plots import plot_metric_by_layer
-    from ..runs import prepare_out_dir, run_signature
+    from ..results import table
+    from ..results.folder import prepare_out_dir, run_signature
+    from ..results.manifest import base_manifest, now
 
     t_start = time.perf_counter()
     progress = progress_from_args(args)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..distributed import add_engine_args
 from ._common import (
+    add_engine_args,
     add_extract_args,
     add_model_args,
     add_texts_args,
@@ -42,7 +42,7 @@ def run(args) -> int:
     import numpy as np
 
     from ..activations import extract
-    from ..distributed import engine_from_args
+    from ._common import engine_from_args
 
     progress = progress_from_args(args)
     engine = engine_from_args(args)
@@ -51,7 +51,7 @@ def run(args) -> int:
                   batch_size=args.batch_size, cache=not args.no_cache, n_tokens=args.n_tokens,
                   seed=args.seed, progress=progress)
     if engine.engine == "ray":
-        from ..activations.distributed import extract_distributed
+        from ..engines.ray_extract import extract_distributed
 
         acts = extract_distributed(args.model, texts, engine=engine,
                                    load_kwargs=load_kwargs_from_args(args), **common)

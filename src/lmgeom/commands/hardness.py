@@ -51,11 +51,11 @@ def run(args) -> int:
     from dataclasses import asdict
 
     from .._io import atomic_path, write_json
-    from ..experiments import table
     from ..experiments.hardness import HardnessConfig, hardness_rows, rank_hardness
-    from ..experiments.manifest import base_manifest, now
     from ..report.html import write_report
-    from ..runs import prepare_out_dir, run_signature
+    from ..results import table
+    from ..results.folder import prepare_out_dir, run_signature
+    from ..results.manifest import base_manifest, now
 
     t0 = time.perf_counter()
     progress = progress_from_args(args)

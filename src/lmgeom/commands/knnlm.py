@@ -148,12 +148,12 @@ def _show(point: str) -> str:
 
 def run(args) -> int:
     from .._io import write_json
-    from ..experiments import table
     from ..experiments.knnlm import config_dict, knnlm_rows, plot_knnlm, run_knnlm
-    from ..experiments.manifest import base_manifest, now
     from ..lm.knnlm import require_faiss
     from ..report.html import write_report
-    from ..runs import prepare_out_dir, run_signature
+    from ..results import table
+    from ..results.folder import prepare_out_dir, run_signature
+    from ..results.manifest import base_manifest, now
     from ..texts import load_texts
 
     t_start = time.perf_counter()

@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import json
 
-    from ..models.bundled import BUNDLED, DEFAULT_MODEL, _package_dir
+    from ..models.bundled import BUNDLED, DEFAULT_MODEL, package_dir
 
     rows = []
     for bm in BUNDLED.values():
@@ -23,7 +23,7 @@ def run(args) -> int:
         if bm.installed():
             total = 0
             for pkg in (bm.package, *bm.parts):
-                total += sum(f.stat().st_size for f in _package_dir(pkg).rglob("*.gguf*"))
+                total += sum(f.stat().st_size for f in package_dir(pkg).rglob("*.gguf*"))
             size = f"{total / 1e6:.0f} MB"
         rows.append({
             "name": bm.name + (" (default)" if bm.name == DEFAULT_MODEL else ""),

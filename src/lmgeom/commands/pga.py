@@ -37,8 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..activations import extract
-    from ..experiments import table
     from ..experiments.layer_sweep import layer_metrics, model_basis
+    from ..results import table
 
     progress = progress_from_args(args)
     config = sweep_config_from_args(args, logit_lens=False)

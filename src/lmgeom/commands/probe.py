@@ -46,12 +46,12 @@ def run(args) -> int:
 
     from .._io import write_json
     from ..activations import extract
-    from ..experiments import table
     from ..experiments.layer_sweep import config_dict, run_layer_sweep
-    from ..experiments.manifest import base_manifest, now
     from ..experiments.probes import probe_rows
     from ..report.html import write_report
-    from ..runs import prepare_out_dir, run_signature
+    from ..results import table
+    from ..results.folder import prepare_out_dir, run_signature
+    from ..results.manifest import base_manifest, now
 
     t0 = time.perf_counter()
     progress = progress_from_args(args)

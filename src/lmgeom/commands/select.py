@@ -106,8 +106,6 @@ def _fmt_agreement(a) -> str:
 def run(args) -> int:
     from .._io import write_json
     from ..errors import ConfigError
-    from ..experiments import table
-    from ..experiments.manifest import base_manifest, now
     from ..experiments.select import (
         config_dict,
         domain_words,
@@ -120,7 +118,9 @@ def run(args) -> int:
     )
     from ..models import load_model
     from ..report.html import write_report
-    from ..runs import prepare_out_dir, run_signature
+    from ..results import table
+    from ..results.folder import prepare_out_dir, run_signature
+    from ..results.manifest import base_manifest, now
 
     t_start = time.perf_counter()
     progress = progress_from_args(args)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from ..distributed import add_engine_args
 from ._common import (
+    add_engine_args,
     add_extract_args,
     add_run_args,
     add_texts_args,
@@ -106,11 +106,8 @@ def run(args) -> int:
     from pathlib import Path
 
     from .._io import write_json
-    from ..distributed import engine_from_args
     from ..errors import ConfigError
-    from ..experiments import table
     from ..experiments.layer_sweep import config_dict
-    from ..experiments.manifest import base_manifest, now
     from ..experiments.sweep import (
         JobOptions,
         jobs_from_models,
@@ -118,7 +115,10 @@ def run(args) -> int:
         run_sweep,
         write_sweep_report,
     )
-    from ..runs import prepare_out_dir, run_signature
+    from ..results import table
+    from ..results.folder import prepare_out_dir, run_signature
+    from ..results.manifest import base_manifest, now
+    from ._common import engine_from_args
 
     t_start = time.perf_counter()
     progress = progress_from_args(args)

@@ -1,5 +1,5 @@
 """The papers' analyses, composed from texts, models, activations and metrics.
 
 Every experiment returns a tidy :class:`pandas.DataFrame` with the columns of
-:data:`lmgeom.experiments.table.COLUMNS` plus a manifest dict.
+:data:`lmgeom.results.table.COLUMNS` plus a manifest dict.
 """

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DataError, TextsError
-from . import table
+from ..results import table
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, LmgeomError
-from . import table
+from ..results import table
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def parse_layer_map(spec: str, labels_a, labels_b) -> list[tuple[str, str]]:
 def converge_pair(model_a, acts_a, basis_a, model_b, acts_b, basis_b, config: ConvergeConfig,
                   progress: bool | None = None) -> tuple[list[dict], np.ndarray | None]:
     """Rows for one model pair, and the readout-Spearman matrix over all layer pairs."""
-    from ..activations.core import _progress
+    from ..activations.core import progress_bar
     from ..metrics import cross_model_alignment
 
     if acts_a.texts_hash != acts_b.texts_hash:
@@ -81,7 +81,7 @@ def converge_pair(model_a, acts_a, basis_a, model_b, acts_b, basis_b, config: Co
         pairs = parse_layer_map(config.layer_map, la, lb)
     rows: list[dict] = []
     L = model_a.n_blocks
-    bar = _progress(len(pairs), f"converge {model_a.name}~{model_b.name}", progress)
+    bar = progress_bar(len(pairs), f"converge {model_a.name}~{model_b.name}", progress)
     for a, b in pairs:
         try:
             r = cross_model_alignment(acts_a.layer(a), acts_b.layer(b), basis_a, basis_b,
@@ -106,7 +106,7 @@ def converge_pair(model_a, acts_a, basis_a, model_b, acts_b, basis_b, config: Co
     matrix = None
     if config.heatmap:
         matrix = np.full((len(la), len(lb)), np.nan)
-        bar = _progress(len(la) * len(lb), "heatmap", progress)
+        bar = progress_bar(len(la) * len(lb), "heatmap", progress)
         for i, a in enumerate(la):
             for j, b in enumerate(lb):
                 r = cross_model_alignment(acts_a.layer(a), acts_b.layer(b), basis_a, basis_b,

@@ -26,7 +26,7 @@ Procedure, per model × corpus:
      ``group_size = 100`` (with thousands of chunks); lmgeom's default is
      :data:`DEFAULT_GROUP_SIZE` = 10 so that a few hundred chunks give tens of groups.
 
-Table conventions (tidy table, :mod:`lmgeom.experiments.table`): the corpus and the level go
+Table conventions (tidy table, :mod:`lmgeom.results.table`): the corpus and the level go
 into ``setting``, e.g. ``texts=builtin:wiki;level=chunk`` and
 ``texts=builtin:wiki;level=group;g=10``. Per layer: ``dispersion`` (mean over chunks with its
 bootstrap CI; ``level=chunk`` setting), ``corr_spearman`` and ``corr_pearson`` (both levels).
@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, TextsError
-from . import table
+from ..results import table
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DataError
-from . import table
+from ..results import table
 from .dispersion import correlation, token_dispersion
 
 log = logging.getLogger(__name__)

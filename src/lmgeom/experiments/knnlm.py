@@ -30,7 +30,7 @@ Procedure, for one model:
    kNN-LM perplexity at ``lam`` (ties: the first in candidate order); ``selection_match`` is 1
    when they agree.
 
-Tidy rows (:mod:`lmgeom.experiments.table`; ``setting`` starts with ``eval=SPEC``):
+Tidy rows (:mod:`lmgeom.results.table`; ``setting`` starts with ``eval=SPEC``):
 per point: ``knnlm_perplexity`` (setting ``...;lambda=X``), ``knnlm_target_recall``,
 ``knnlm_datastore_size``, ``knnlm_dispersion`` / ``knnlm_dispersion_chunk`` (setting
 ``train=SPEC;tokens=N``), ``knnlm_dispersion_rank``; model level (``layer = ""``):
@@ -57,7 +57,7 @@ from ..lm.knnlm import (
     IndexSpec,
     KnnEval,
 )
-from . import table
+from ..results import table
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import numpy as np
 from .._io import write_json
 from .._testing import pause
 from ..errors import ConfigError, LmgeomError
-from . import table
+from ..results import table
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +132,14 @@ def run_layer_sweep(
     Returns:
         (tidy DataFrame, timings dict)
     """
-    from ..activations.core import _progress
+    from ..activations.core import progress_bar
 
     t0 = time.perf_counter()
     basis = model_basis(model, config)
     L = model.n_blocks
     work = Path(work_dir) if work_dir else None
     all_rows: list[dict[str, Any]] = []
-    bar = _progress(len(acts.layers), f"metrics {model.name}", progress)
+    bar = progress_bar(len(acts.layers), f"metrics {model.name}", progress)
     for i, label in enumerate(acts.layers):
         cached = work / f"metrics-{_safe(model.name)}-{_safe(revision)}-{label}.json" if work else None
         if cached is not None and cached.is_file():

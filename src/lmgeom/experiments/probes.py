@@ -13,14 +13,14 @@ import math
 import numpy as np
 
 from ..errors import LmgeomError, TextsError
-from . import table
+from ..results import table
 
 
 def probe_rows(model, acts, *, folds: int = 5, seed: int = 0, C: float = 1.0, revision: str = "",
                progress: bool | None = None) -> list[dict]:
     from scipy import stats
 
-    from ..activations.core import _progress
+    from ..activations.core import progress_bar
     from ..metrics import probe_accuracy
 
     if acts.labels is None:
@@ -28,7 +28,7 @@ def probe_rows(model, acts, *, folds: int = 5, seed: int = 0, C: float = 1.0, re
     y = np.asarray(acts.labels)
     L = model.n_blocks
     rows = []
-    bar = _progress(len(acts.layers), f"probes {model.name}", progress)
+    bar = progress_bar(len(acts.layers), f"probes {model.name}", progress)
     for i, label in enumerate(acts.layers):
         try:
             r = probe_accuracy(acts.states[i], y, folds=folds, seed=seed, C=C)

@@ -134,7 +134,7 @@ def classify_regime(
         ConfigError: a malformed profile or a negative CCR level.
     """
     from ..report.reading import pga_findings
-    from . import table
+    from ..results import table
 
     if int(ccr) < 0:
         raise ConfigError(f"ccr must be >= 0, got {ccr}")
@@ -222,7 +222,7 @@ def regime_rows(regimes: Mapping[tuple[str, str], Regime]) -> list[dict[str, Any
     """Model-level table rows (``layer = ""``) of each regime: ``regime_detour`` (0/1),
     ``collapse_min_z`` and ``collapse_restored_ccr`` (NaN when none restores / no zone), and
     ``collapse_zone_layers`` (number of layers in the zones), all with ``setting = ccr=<m>``."""
-    from . import table
+    from ..results import table
 
     out = []
     for (model, revision), r in regimes.items():

@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, ModelError, TextsError
-from . import table
+from ..results import table
 
 log = logging.getLogger(__name__)
 

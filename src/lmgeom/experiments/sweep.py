@@ -6,7 +6,7 @@ takes plain, picklable arguments (:class:`JobSpec`, a :class:`~lmgeom.texts.Text
 :class:`~lmgeom.experiments.layer_sweep.SweepConfig`, :class:`JobOptions`, a folder path), loads
 its own model and never raises for an ordinary failure: the error is returned in the result.
 :func:`run_jobs` runs the jobs on an engine (``local``: in this process; ``ray``: one Ray task
-per job, :mod:`lmgeom.distributed`) and caches each finished job's rows; :func:`gather` turns results into the
+per job, :mod:`lmgeom.engines.base`) and caches each finished job's rows; :func:`gather` turns results into the
 table and the manifest entries (failed jobs, identical weights, regimes, trajectories).
 
 Extra rows beyond the layer sweep (all model-level, ``layer = ""``):
@@ -46,7 +46,7 @@ import pandas as pd
 from .._io import atomic_path, stable_hash, write_json
 from .._testing import fail_once
 from ..errors import ConfigError, LmgeomError
-from . import table
+from ..results import table
 from .layer_sweep import SweepConfig, config_dict, run_layer_sweep
 
 log = logging.getLogger(__name__)
@@ -331,17 +331,17 @@ def run_jobs(
 ) -> list[JobResult]:
     """Run every job (reusing finished ones from ``out_dir/.work/jobs``) and return the results
     in job order. A job that fails is retried (bounded, see
-    :class:`~lmgeom.distributed.EngineConfig`), then recorded; the other jobs go on.
+    :class:`~lmgeom.engines.base.EngineConfig`), then recorded; the other jobs go on.
 
     Args:
         engine: ``local`` (in this process; ``serial`` is the old name), ``ray``, or an
-            :class:`~lmgeom.distributed.EngineConfig` (Ray address, CPUs / GPUs per job,
+            :class:`~lmgeom.engines.base.EngineConfig` (Ray address, CPUs / GPUs per job,
             retries). Both engines call :func:`sweep_job` with the same arguments, so they give
             the same numbers; each finished job's rows are written to the cache as soon as it
             ends, so an interrupted sweep resumes with the jobs still missing.
     """
-    from ..activations.core import _progress
-    from ..distributed import EngineConfig, map_calls
+    from ..activations.core import progress_bar
+    from ..engines.base import EngineConfig, map_calls
 
     cfg = engine if isinstance(engine, EngineConfig) else EngineConfig(engine=str(engine))
     options = options or JobOptions()
@@ -366,7 +366,7 @@ def run_jobs(
                 log.warning("cached result of %s unreadable (%s); recomputing", job.name, exc)
         todo.append(i)
 
-    bar = _progress(len(jobs), f"sweep jobs ({cfg.engine})", progress)
+    bar = progress_bar(len(jobs), f"sweep jobs ({cfg.engine})", progress)
     bar.unit = "job"
     bar.update(len(jobs) - len(todo))
 
@@ -546,7 +546,7 @@ def plot_profiles(df: pd.DataFrame, out_dir: str | Path, *, ccrs: Sequence[int] 
     from matplotlib import cm, colormaps, colors, rc_context
     from matplotlib.figure import Figure
 
-    from ..report.plots import _RC, _lit, save_figure, setting_label
+    from ..report.plots import PLOT_STYLE, literal_text, save_figure, setting_label
 
     z = df.loc[(df["metric"] == "pga_z") & (df["layer_index"] >= 0)
                & ~df["layer"].astype(str).str.contains(".", regex=False)]
@@ -554,7 +554,7 @@ def plot_profiles(df: pd.DataFrame, out_dir: str | Path, *, ccrs: Sequence[int] 
     if z.empty or not settings:
         return []
     models = _model_order(z)
-    with rc_context(_RC):
+    with rc_context(PLOT_STYLE):
         fig = Figure(figsize=(3.4 * len(models) + 1.0, 2.6 * len(settings) + 0.6), layout="constrained")
         axes = fig.subplots(len(settings), len(models), squeeze=False, sharey="row")
         all_steps = [s for s in (step_of(r) for r in z["revision"].astype(str)) if s is not None]
@@ -572,12 +572,12 @@ def plot_profiles(df: pd.DataFrame, out_dir: str | Path, *, ccrs: Sequence[int] 
                     c = g.loc[g["revision"] == r].drop_duplicates("layer_index").sort_values("layer_index")
                     st = xs[r]
                     ax.plot(c["layer_index"], c["value"], color=cmap(norm(st)), lw=1.3,
-                            marker="o", ms=2.5, label=_lit(r))
+                            marker="o", ms=2.5, label=literal_text(r))
                 ax.axhline(0.0, color="black", lw=0.8)
                 ticks = g.drop_duplicates("layer_index").sort_values("layer_index")
-                ax.set_xticks(list(ticks["layer_index"]), [_lit(t) for t in ticks["layer"]])
+                ax.set_xticks(list(ticks["layer_index"]), [literal_text(t) for t in ticks["layer"]])
                 if i == 0:
-                    ax.set_title(_lit(model), loc="left")
+                    ax.set_title(literal_text(model), loc="left")
                 if j == 0:
                     ax.set_ylabel(f"PGA z ({setting_label(s)})")
                 if i == len(settings) - 1:
@@ -597,7 +597,14 @@ def plot_trajectory(df: pd.DataFrame, out_dir: str | Path, *, ccrs: Sequence[int
     from matplotlib import rc_context
     from matplotlib.figure import Figure
 
-    from ..report.plots import _PALETTE, _RC, _lit, metric_label, save_figure, setting_label
+    from ..report.plots import (
+        PALETTE,
+        PLOT_STYLE,
+        literal_text,
+        metric_label,
+        save_figure,
+        setting_label,
+    )
 
     ml = df.loc[df["layer_index"] < 0]
     panels: list[tuple[str, str, str]] = []
@@ -613,7 +620,7 @@ def plot_trajectory(df: pd.DataFrame, out_dir: str | Path, *, ccrs: Sequence[int
     if not panels:
         return []
     models = _model_order(ml.loc[ml["metric"].isin([p[0] for p in panels])])
-    with rc_context(_RC):
+    with rc_context(PLOT_STYLE):
         fig = Figure(figsize=(7.5, 1.9 * len(panels) + 0.8), layout="constrained")
         axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
         for ax, (metric, setting, ylabel) in zip(axes, panels):
@@ -626,10 +633,10 @@ def plot_trajectory(df: pd.DataFrame, out_dir: str | Path, *, ccrs: Sequence[int
                 xs = _steps_axis(revs)
                 g = g.drop_duplicates("revision").set_index("revision").loc[revs]
                 ax.plot([xs[r] for r in revs], g["value"].astype(float), marker="o", ms=3,
-                        lw=1.4, color=_PALETTE[j % len(_PALETTE)], label=_lit(model))
+                        lw=1.4, color=PALETTE[j % len(PALETTE)], label=literal_text(model))
             if metric == "zone_pga_z_min":
                 ax.axhline(0.0, color="black", lw=0.8)
-            ax.set_ylabel(_lit(ylabel))
+            ax.set_ylabel(literal_text(ylabel))
             ax.set_xscale("symlog", linthresh=1.0)
         axes[0].legend(loc="best", ncols=min(4, len(models)))
         axes[-1].set_xlabel("training step (symlog)")

@@ -264,7 +264,7 @@ def iter_position_states(
     """
     import torch
 
-    from ..activations.core import Encoded, _check_finite, _pad_batch, _progress
+    from ..activations.core import Encoded, check_finite, pad_batch, progress_bar
     from .perplexity import default_position_chunk
 
     rows = _rows(token_rows)
@@ -283,10 +283,10 @@ def iter_position_states(
     dtype = str(model.dtype).replace("torch.", "")
     enc = Encoded(tuple(rows), 0, max(len(r) for r in rows))
     capture = tuple(dict.fromkeys((*points, *(("final",) if lm_log_prob else ()))))
-    bar = _progress(math.ceil(len(rows) / batch_size), desc, progress)
+    bar = progress_bar(math.ceil(len(rows) / batch_size), desc, progress)
     for b0 in range(0, len(rows), batch_size):
         idx = np.arange(b0, min(b0 + batch_size, len(rows)))
-        input_ids, mask = _pad_batch(model, enc, idx)
+        input_ids, mask = pad_batch(model, enc, idx)
         valid = mask.bool()
         tgt_ok = valid[:, 1:]  # state at t predicts token t + 1
         b_idx, t_idx = tgt_ok.nonzero(as_tuple=True)
@@ -318,7 +318,7 @@ def iter_position_states(
         for p in points:
             if p not in held:  # pragma: no cover - adapter bug
                 raise RuntimeError(f"hook for {p} did not fire")
-            _check_finite(p, held[p], dtype)
+            check_finite(p, held[p], dtype)
         b_np = b_idx.cpu().numpy()
         yield idx, PositionStates(
             states={p: held[p] for p in points},
@@ -554,11 +554,11 @@ def _tokens_hash(rows: list[np.ndarray]) -> str:
 
 def datastore_key(model, token_rows, point: str, *, batch_size: int) -> str:
     """Content key of the datastore of ``point`` over ``token_rows``."""
-    from ..activations.core import _identity_for_key
+    from ..activations.core import model_identity
 
     rows = _rows(token_rows)
     return "knn-" + stable_hash({
-        "version": KNNLM_VERSION, "model": _identity_for_key(model), "point": point,
+        "version": KNNLM_VERSION, "model": model_identity(model), "point": point,
         "dtype": str(model.dtype).replace("torch.", ""), "batch_size": int(batch_size),
         "tokens": _tokens_hash(rows),
     })[:28]

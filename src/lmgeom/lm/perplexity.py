@@ -178,11 +178,11 @@ def forward_chunks(
     from .._paths import cache_dir
     from ..activations.core import (
         Encoded,
-        _check_finite,
-        _identity_for_key,
-        _pad_batch,
-        _progress,
-        _ShardCache,
+        ShardCache,
+        check_finite,
+        model_identity,
+        pad_batch,
+        progress_bar,
     )
     from ..models import load_model
 
@@ -227,9 +227,9 @@ def forward_chunks(
             "reduce_from": sha256_bytes(red_from.tobytes()), "batch_size": batch_size,
             "dtype": dtype, "tokens": tok_hash,
         }
-        key = "fwd-" + stable_hash({"model": _identity_for_key(model), **settings})[:28]
+        key = "fwd-" + stable_hash({"model": model_identity(model), **settings})[:28]
         root = Path(cache_root) if cache_root else cache_dir("forward")
-        store = _ShardCache(key, {**settings, "model": model.name}, True, root)
+        store = ShardCache(key, {**settings, "model": model.name}, True, root)
 
     enc = Encoded(tuple(rows), 0, max(len(r) for r in rows))
     batches = enc.batches(batch_size)
@@ -240,12 +240,12 @@ def forward_chunks(
     import contextlib
 
     with (store.lock() if store is not None else contextlib.nullcontext()):
-        bar = _progress(len(batches), desc, progress)
+        bar = progress_bar(len(batches), desc, progress)
         for bi, idx in enumerate(batches):
             got = store.get(bi) if store is not None else None
             if got is None:
                 got = _run_batch(model, enc, idx, points, reducers, nll, score[idx],
-                                 red_from[idx], pc, dtype, torch, _pad_batch, _check_finite)
+                                 red_from[idx], pc, dtype, torch, pad_batch, check_finite)
                 if store is not None:
                     store.put(bi, got)
                 computed += 1

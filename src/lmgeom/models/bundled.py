@@ -63,7 +63,7 @@ BUNDLED: dict[str, BundledModel] = {
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def _package_dir(package: str) -> Path:
+def package_dir(package: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelError(f"package {package!r} is not installed")
@@ -78,7 +78,7 @@ def gguf_path(bm: BundledModel, cache_root: Path) -> Path:
             "(or run `make demo`, which installs both bundled models)"
         )
     if not bm.parts:
-        path = _package_dir(bm.package) / bm.gguf_name
+        path = package_dir(bm.package) / bm.gguf_name
         if not path.is_file():
             raise ModelError(f"{path} is missing from package {bm.package}; reinstall it")
         return path
@@ -90,7 +90,7 @@ def gguf_path(bm: BundledModel, cache_root: Path) -> Path:
         return target
     chunks: list[Path] = []
     for part in bm.parts:
-        data = _package_dir(part) / "data"
+        data = package_dir(part) / "data"
         chunks.extend(sorted(data.glob(f"{bm.gguf_name}.part*")))
     if len(chunks) != len(bm.parts):
         raise ModelError(f"expected {len(bm.parts)} chunks of {bm.gguf_name}, found {len(chunks)}")

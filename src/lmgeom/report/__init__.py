@@ -1,7 +1,7 @@
 """The report layer: results table → plots (matplotlib, Agg) → one self-contained HTML page.
 
 No computation happens here beyond selecting and grouping rows of the tidy table
-(:mod:`lmgeom.experiments.table`)::
+(:mod:`lmgeom.results.table`)::
 
     from lmgeom.report import write_report
     write_report("runs/demo", df, manifest)      # runs/demo/report.html + runs/demo/plots/*

@@ -446,7 +446,7 @@ def write_report(
 
     Args:
         out_dir: output folder (created); plots go to ``<out_dir>/plots/<section>.png|svg``.
-        df: tidy results table (:mod:`lmgeom.experiments.table` columns).
+        df: tidy results table (:mod:`lmgeom.results.table` columns).
         manifest: the run manifest; every key is optional (``command``, ``models``, ``texts``,
             ``n_texts``, ``settings``, ``seeds``, ``versions``, ``timings``, ``started``,
             ``finished``, ``signature``; unknown keys are listed in the settings table).

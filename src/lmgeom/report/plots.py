@@ -1,4 +1,4 @@
-"""Per-layer plots of a tidy results table (:mod:`lmgeom.experiments.table`).
+"""Per-layer plots of a tidy results table (:mod:`lmgeom.results.table`).
 
 Every function takes the tidy ``DataFrame`` and an output folder, writes ``<stem>.png`` and
 ``<stem>.svg`` atomically and returns ``[png_path, svg_path]``; when the metrics it shows are
@@ -38,7 +38,7 @@ from matplotlib.patches import Patch
 
 from .._io import atomic_path
 from ..errors import ConfigError, DataError
-from ..experiments.table import COLUMNS
+from ..results.table import COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +46,11 @@ MAX_COLUMNS = 3
 """Model columns per figure row; more models wrap onto further rows of panels."""
 
 DPI = 110
-_PALETTE = (
+PALETTE = (
     "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
     "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
 )
-_RC = {
+PLOT_STYLE = {
     "svg.hashsalt": "lmgeom",
     "svg.fonttype": "path",
     "font.size": 8.5,
@@ -92,7 +92,7 @@ Panel = str | Sequence[str]
 # --------------------------------------------------------------------------- helpers
 
 
-def _lit(text: str) -> str:
+def literal_text(text: str) -> str:
     """Escape ``$`` so matplotlib shows ``text`` literally instead of parsing math text."""
     return str(text).replace("$", "\\$")
 
@@ -122,13 +122,13 @@ def check_table(df: Any) -> pd.DataFrame:
     if not isinstance(df, pd.DataFrame):
         raise DataError(
             f"expected a results table (pandas DataFrame), got {type(df).__name__}; build it "
-            "with lmgeom.experiments.table.frame() or read it with read_table()"
+            "with lmgeom.results.table.frame() or read it with read_table()"
         )
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise DataError(
             f"results table lacks columns {missing}; build it with "
-            "lmgeom.experiments.table.frame() so it has the canonical columns"
+            "lmgeom.results.table.frame() so it has the canonical columns"
         )
     return df
 
@@ -197,7 +197,7 @@ def _series_label(metric: str, setting: str, point: str, multi_metric: bool) -> 
         parts.append(setting_label(setting))
     if point:
         parts.append(f"[{point}]")
-    return _lit(" ".join(parts))
+    return literal_text(" ".join(parts))
 
 
 def _one_per_layer(s: pd.DataFrame, what: str) -> pd.DataFrame:
@@ -242,7 +242,7 @@ def build_layer_figure(
     Returns:
         The figure, or ``None`` when no panel has data.
     """
-    with rc_context(_RC):
+    with rc_context(PLOT_STYLE):
         return _build(df, metrics, title, logy, zero_line, bands, dashed, ylabels)
 
 
@@ -289,7 +289,7 @@ def _build(
             {(m, s, p) for m, s, p in keys.itertuples(index=False) if m not in dashed},
             key=lambda k: (panel.index(k[0]), natural_key(k[1]), natural_key(k[2])),
         )
-        cmap = {k: _PALETTE[i % len(_PALETTE)] for i, k in enumerate(solid)}
+        cmap = {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(solid)}
         for m, s, p in keys.itertuples(index=False):
             if m in dashed:
                 twin = next((c for (m2, s2, p2), c in cmap.items() if s2 == s and p2 == p), None)
@@ -379,9 +379,9 @@ def _build(
                 ax.axhline(0.0, color="black", lw=0.8, zorder=1)
             if log_panel:
                 ax.set_yscale("log")
-            ax.set_ylabel(_lit(ylabels.get(panel[0], " / ".join(metric_label(m) for m in panel))))
+            ax.set_ylabel(literal_text(ylabels.get(panel[0], " / ".join(metric_label(m) for m in panel))))
             if pi == 0:
-                ax.set_title(_lit(run_label(model, revision)), loc="left")
+                ax.set_title(literal_text(run_label(model, revision)), loc="left")
             if not drew:
                 ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes,
                         color="#888888")
@@ -393,12 +393,12 @@ def _build(
                 ax.legend(handles, labels, loc="best", ncols=2 if len(handles) > 4 else 1,
                           framealpha=0.85)
             if pos:
-                ax.set_xticks(pos, [_lit(t) for t in lab])
+                ax.set_xticks(pos, [literal_text(t) for t in lab])
             if pi == len(panels) - 1:
                 ax.set_xlabel("layer")
             else:
                 ax.tick_params(labelbottom=False)
-    fig.suptitle(_lit(title), fontsize=10.5)
+    fig.suptitle(literal_text(title), fontsize=10.5)
     return fig
 
 
@@ -409,7 +409,7 @@ def save_figure(fig: Figure, out_dir: str | os.PathLike[str], stem: str) -> list
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     png, svg = out / f"{stem}.png", out / f"{stem}.svg"
-    with rc_context(_RC):
+    with rc_context(PLOT_STYLE):
         with atomic_path(png) as tmp:
             fig.savefig(tmp, format="png", dpi=DPI, metadata={"Software": None})
         with atomic_path(svg) as tmp:

@@ -208,7 +208,7 @@ def _load_jsonl(
     )
 
 
-def _load_frame(
+def frame_to_textset(
     path: Path,
     frame: Any,
     text_column: str | None,
@@ -301,11 +301,11 @@ def load_file(
             )
         except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
             raise TextsError(f"{p} could not be parsed as {ext[1:].upper()}: {exc}") from None
-        return _load_frame(
+        return frame_to_textset(
             p, frame, text_column, label_column, source, lambda i: f"data row {i + 1}"
         )
     try:
         frame = pd.read_parquet(p)
     except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError, ArrowIOError an OSError
         raise TextsError(f"{p} could not be read as Parquet: {exc}") from None
-    return _load_frame(p, frame, text_column, label_column, source, lambda i: f"row {i}")
+    return frame_to_textset(p, frame, text_column, label_column, source, lambda i: f"row {i}")

@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 from ..errors import TextsError
-from .files import _load_frame
+from .files import frame_to_textset
 from .textset import TextSet
 
 __all__ = ["load_hf", "parse_hf_spec"]
@@ -93,4 +93,4 @@ def load_hf(
                 for i in frame[col].tolist()
             ]
     source = f"hf:{name}{':' + config if config else ''}{':' + split if split else ''}"
-    return _load_frame(source, frame, text_column, label_column, source, lambda i: f"row {i}")
+    return frame_to_textset(source, frame, text_column, label_column, source, lambda i: f"row {i}")

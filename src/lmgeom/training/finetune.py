@@ -416,7 +416,7 @@ def _setting(cfg: FinetuneConfig, label: str, eval_name: str, step: int) -> str:
 
 def eval_rows(cfg: FinetuneConfig, arm: str, label: str, step: int,
               ev: dict[str, dict[str, Any]], domains: Sequence[Domain]) -> list[dict[str, Any]]:
-    from ..experiments.table import row
+    from ..results.table import row
 
     out = []
     for name, m in ev.items():
@@ -438,7 +438,7 @@ def eval_rows(cfg: FinetuneConfig, arm: str, label: str, step: int,
 
 def train_rows(cfg: FinetuneConfig, arm: str, label: str, step: int,
                logs: Sequence[dict[str, float]]) -> list[dict[str, Any]]:
-    from ..experiments.table import row
+    from ..results.table import row
 
     if not logs:
         return []
@@ -481,7 +481,7 @@ def paired_delta(a: dict[str, Any], b: dict[str, Any], *, seed: int = 0,
 def delta_rows(cfg: FinetuneConfig, label: str, results: dict[str, ArmResult]) -> list[dict[str, Any]]:
     """Rows ``<metric>_delta_vs_none`` for every arm other than ``none`` at the last step:
     the arm minus the none arm on the same held-out chunks, with a paired bootstrap 95 % CI."""
-    from ..experiments.table import row
+    from ..results.table import row
 
     ref = results.get("none")
     if ref is None or not ref.final_eval:
@@ -508,7 +508,7 @@ def _parse_setting(setting: str) -> dict[str, str]:
 
 def tidy(rows: Sequence[dict[str, Any]]):
     """The results table with plain ``arm``, ``step`` and ``eval`` columns added."""
-    from ..experiments.table import frame
+    from ..results.table import frame
 
     df = frame(rows)
     parsed = [_parse_setting(s) for s in df["setting"]]
@@ -925,9 +925,9 @@ class FinetuneResult:
 
 def finetune(cfg: FinetuneConfig, out: str | os.PathLike[str], *, overwrite: bool = False) -> FinetuneResult:
     """Run every arm of ``cfg`` into ``out`` (resuming what is there); see the module docstring."""
-    from ..experiments.manifest import base_manifest, now
-    from ..experiments.table import write_table
-    from ..runs import prepare_out_dir, run_signature
+    from ..results.folder import prepare_out_dir, run_signature
+    from ..results.manifest import base_manifest, now
+    from ..results.table import write_table
 
     t_start = time.perf_counter()
     settings = cfg.signed()
@@ -1052,7 +1052,7 @@ def plot_curves(df, out_dir: Path) -> list[Path]:
     from matplotlib import rc_context
     from matplotlib.figure import Figure
 
-    from ..report.plots import _RC, save_figure
+    from ..report.plots import PLOT_STYLE, save_figure
 
     ev = df[df.metric.isin(["perplexity", "dispersion"]) & (df["eval"] != "train")]
     if ev.empty:
@@ -1061,7 +1061,7 @@ def plot_curves(df, out_dir: Path) -> list[Path]:
     panels = [(name, m) for name in dict.fromkeys(ev["eval"]) for m in ("perplexity", "dispersion")]
     panels += [(name, "cross_dispersion") for name in dict.fromkeys(cross["eval"])]
     cols = list(dict.fromkeys(name for name, _ in panels))
-    with rc_context(_RC):
+    with rc_context(PLOT_STYLE):
         fig = Figure(figsize=(3.4 * len(cols) + 0.6, 5.2), constrained_layout=True)
         axes = fig.subplots(2, len(cols), squeeze=False)
         for j, name in enumerate(cols):

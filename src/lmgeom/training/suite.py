@@ -528,7 +528,7 @@ def _val_loss(model, chunks: np.ndarray, bf16: bool, batch: int = 16) -> float:
     return total / count
 
 
-def _progress(total: int, initial: int, desc: str, progress: bool | None):
+def _step_bar(total: int, initial: int, desc: str, progress: bool | None):
     from tqdm.auto import tqdm
 
     if progress is None:
@@ -595,7 +595,7 @@ def _train_width(root: Path, width: int, config: SuiteConfig, data: SuiteData, *
         ema = meta.get("train_loss_ema") if meta else None
         if meta:
             log.info("w%d: resuming at step %d of %d", width, step, S)
-        bar = _progress(S * B * T, step * B * T, width_label(width), progress)
+        bar = _step_bar(S * B * T, step * B * T, width_label(width), progress)
         last_state = time.perf_counter()
         done_here = 0
         try:
@@ -825,7 +825,7 @@ def duplicate_weights(items: Sequence[tuple[str, str | None]]) -> list[list[str]
 def write_manifest(root: str | os.PathLike[str], config: SuiteConfig | None = None, *,
                    data_s: float | None = None) -> dict[str, Any]:
     """Rebuild ``root/manifest.json`` from what is on disk; warn about identical checkpoints."""
-    from ..experiments.manifest import now, versions
+    from ..results.manifest import now, versions
 
     root = Path(root)
     suite = json.loads((root / "suite.json").read_text())

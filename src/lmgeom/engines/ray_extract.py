@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from ..distributed import EngineConfig, ensure_ray, forwarded_env
+from ..activations.core import Activations, progress_bar
 from ..errors import ConfigError, LmgeomError, TextsError
-from .core import Activations, _progress
+from .base import EngineConfig
+from .ray_cluster import ensure_ray, forwarded_env
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ def extract_distributed(
             missing = [bi for bi, s in enumerate(shards) if s is None]
             n_work = _n_workers(ray, cfg, len(missing)) if missing else 0
             actors += [Actor.remote(model, lk, cfg.threads) for _ in range(max(0, n_work - 1))]
-            bar = _progress(len(plan.batches), f"extract {plan.model_name} (ray x{max(n_work, 1)})",
+            bar = progress_bar(len(plan.batches), f"extract {plan.model_name} (ray x{max(n_work, 1)})",
                             progress)
             bar.update(len(plan.batches) - len(missing))
             queue = list(missing)

@@ -1,0 +1,182 @@
+"""Execution engines (the one meaning of "engine" in lmgeom): run lmgeom's jobs in this process (``local``) or on a Ray cluster (``ray``).
+
+The unit of work is always a plain, picklable function call — a sweep job
+(:func:`lmgeom.experiments.sweep.sweep_job`), one model of ``analyze``
+(:func:`lmgeom.commands.analyze.analyze_one`), or one batch of an extraction
+(:func:`lmgeom.engines.ray_extract.extract_distributed`) — so both engines run the same code
+and produce the same numbers. The ``ray`` engine:
+
+* connects to ``--ray-address`` (or the ``RAY_ADDRESS`` environment variable, Ray's own
+  convention; ``auto`` = the cluster this machine belongs to), else starts a private local Ray
+  instance for this process (``--ray-num-cpus``);
+* runs one Ray task per job, requesting ``--cpus-per-job`` CPUs and ``--gpus-per-job`` GPUs
+  (a GPU job sees only its GPU through ``CUDA_VISIBLE_DEVICES`` and runs its forward on it);
+* retries a failed job up to ``--retries`` times (a crashed worker through Ray's own task
+  retries, an exception inside the job by resubmitting it); a job that still fails is
+  returned as a failure and every other job's result is kept;
+* forwards the ``LMGEOM_*`` environment variables set in this process (``LMGEOM_CACHE`` ...)
+  to the workers.
+
+Ray is an optional dependency (``pip install 'lmgeom[ray]'``); it is imported only when the
+``ray`` engine is used, never by the local engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("local", "ray")
+#: failures that depend only on the user's settings: retrying cannot help
+NOT_RETRYABLE = ("ConfigError", "TextsError", "DataError")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Where and how jobs run.
+
+    Attributes:
+        engine: ``local`` (this process, one job after another) or ``ray``.
+        address: Ray cluster address (``auto``, ``ray://host:10001``, ``host:6379``); ``None``:
+            ``$RAY_ADDRESS`` if set, else a private local instance.
+        cpus_per_job: CPUs a job requests (also its torch / BLAS thread count).
+        gpus_per_job: GPUs a job requests (fractions allowed, e.g. 0.5 to pack two per GPU).
+        retries: extra attempts for a failed job (bounded; 0 = none).
+        num_cpus: CPUs of a private local instance (``None``: all of this machine).
+        workers: model-holding actors of a distributed extraction (``None``: as many as the
+            cluster's CPUs (or GPUs) allow, at most one per batch).
+    """
+
+    engine: str = "local"
+    address: str | None = None
+    cpus_per_job: float = 1.0
+    gpus_per_job: float = 0.0
+    retries: int = 2
+    num_cpus: int | None = None
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        eng = normalize_engine(self.engine)
+        object.__setattr__(self, "engine", eng)
+        if self.cpus_per_job <= 0:
+            raise ConfigError(f"--cpus-per-job must be > 0, got {self.cpus_per_job}")
+        if self.gpus_per_job < 0:
+            raise ConfigError(f"--gpus-per-job must be >= 0, got {self.gpus_per_job}")
+        if self.retries < 0:
+            raise ConfigError(f"--retries must be >= 0, got {self.retries}")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if eng == "local" and (self.address or self.gpus_per_job or self.workers):
+            raise ConfigError("--ray-address / --gpus-per-job / --workers need --engine ray")
+
+    @property
+    def threads(self) -> int:
+        """torch / BLAS threads inside one job."""
+        return max(1, int(self.cpus_per_job))
+
+    def describe(self) -> dict[str, Any]:
+        d = {"engine": self.engine, "retries": self.retries}
+        if self.engine == "ray":
+            d.update(address=self.address or os.environ.get("RAY_ADDRESS") or "local",
+                     cpus_per_job=self.cpus_per_job, gpus_per_job=self.gpus_per_job)
+        return d
+
+
+def normalize_engine(name: str) -> str:
+    """``local`` / ``ray``; ``serial`` is accepted as the old name of ``local``."""
+    n = str(name).strip().lower()
+    if n == "serial":
+        n = "local"
+    if n not in ENGINES:
+        raise ConfigError(f"unknown engine {name!r}; available: {', '.join(ENGINES)}")
+    return n
+
+
+@dataclass
+class TaskOutcome:
+    """What one mapped call produced: its return value, or the error after every attempt."""
+
+    value: Any
+    error: str | None
+    error_type: str | None
+    attempts: int
+    traceback: str | None = None
+    exception: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def retryable(error_type: str | None) -> bool:
+    return error_type not in NOT_RETRYABLE
+
+
+def judge(value: Any, failure_of) -> tuple[str, str] | None:
+    return failure_of(value) if failure_of is not None else None
+
+
+
+#: ``(args, kwargs)`` of one call
+Call = tuple[tuple, dict]
+
+
+class Engine(Protocol):
+    """Runs plain, picklable function calls and returns one :class:`TaskOutcome` per call.
+
+    ``map(fn, calls)`` never raises for a failing call: the failure (after the bounded
+    retries of :class:`EngineConfig`) is in its outcome, and every other call's value is kept.
+    """
+
+    config: EngineConfig
+
+    def map(
+        self,
+        fn: Callable[..., Any],
+        calls: Sequence[Call],
+        *,
+        failure_of: Callable[[Any], tuple[str, str] | None] | None = None,
+        on_done: Callable[[int, TaskOutcome], None] | None = None,
+        names: Sequence[str] | None = None,
+    ) -> list[TaskOutcome]:
+        """Run ``fn(*args, **kwargs)`` for every call.
+
+        Args:
+            fn: a module-level (importable, picklable) function.
+            calls: ``(args, kwargs)`` per call.
+            failure_of: for functions that *return* their failures (sweep jobs): ``result ->
+                (error_type, message)`` or ``None`` when the result is a success.
+            on_done: called in this process as each call finishes (in completion order), e.g.
+                to write its result to a resumable cache at once.
+            names: labels for log messages.
+
+        Returns:
+            One outcome per call, in call order. A retryable failure (not a ConfigError /
+            TextsError / DataError) is attempted up to ``1 + config.retries`` times.
+        """
+        ...
+
+
+def make_engine(config: EngineConfig | str = "local") -> Engine:
+    """The engine for ``config`` (an :class:`EngineConfig` or just its name); ``ray`` starts
+    or joins Ray now and checks the requested resources, before any work is done."""
+    cfg = config if isinstance(config, EngineConfig) else EngineConfig(engine=str(config))
+    if cfg.engine == "ray":
+        from .ray_cluster import RayEngine
+
+        return RayEngine(cfg)
+    from .local import LocalEngine
+
+    return LocalEngine(cfg)
+
+
+def map_calls(fn: Callable[..., Any], calls: Sequence[Call], cfg: EngineConfig | str, **kw: Any):
+    """``make_engine(cfg).map(fn, calls, **kw)``."""
+    return make_engine(cfg).map(fn, calls, **kw)

@@ -1,0 +1,8 @@
+"""Imports every experiment module so each registers its config (:func:`~.base.register`)."""
+
+import importlib
+
+MODULES = ("analyze",)
+
+for _name in MODULES:
+    importlib.import_module(f"lmgeom.experiments.{_name}")

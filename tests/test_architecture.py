@@ -1,0 +1,165 @@
+"""The shape of the code: layers import only layers below them (also inside functions and
+through ``importlib``), no import cycles between subpackages, no ``_private`` names imported
+from another module, thin commands, and ``python -m lmgeom`` = the ``lmgeom`` script."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "lmgeom"
+
+#: bottom to top; a module may import its own layer's base modules and any layer below it
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"errors"}),
+    frozenset({"_io", "_paths", "_testing", "_version"}),
+    frozenset({"results"}),
+    frozenset({"texts"}),
+    frozenset({"models"}),
+    frozenset({"metrics"}),
+    frozenset({"activations"}),
+    frozenset({"lm"}),
+    frozenset({"training"}),
+    frozenset({"report"}),
+    frozenset({"engines"}),
+    frozenset({"experiments"}),
+    frozenset({"commands"}),
+    frozenset({"cli"}),
+    frozenset({"__main__", "<root>"}),
+)
+RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> list[tuple[str, str | None, int]]:
+    """``(module, imported name or None, line)`` for every lmgeom import in ``path``, including
+    function-local ones and ``importlib.import_module("lmgeom....")`` with a constant string."""
+    mod = _module_name(path)
+    is_pkg = path.name == "__init__.py"
+    out: list[tuple[str, str | None, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for a in node.names:
+                # ``from . import x`` may name a submodule: record it as the module itself
+                sub = f"{target}.{a.name}"
+                if (SRC.parent / Path(*sub.split("."))).with_suffix(".py").is_file() or \
+                        (SRC.parent / Path(*sub.split("."))).is_dir():
+                    out.append((sub, None, node.lineno))
+                else:
+                    out.append((target, a.name, node.lineno))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module" and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            out.append((node.args[0].value, None, node.lineno))
+    return [(m, n, ln) for m, n, ln in out if m == "lmgeom" or m.startswith("lmgeom.")]
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "<root>"
+
+
+def _all_imports():
+    for path in sorted(SRC.rglob("*.py")):
+        mod = _module_name(path)
+        for target, name, line in _imports(path):
+            yield path, mod, target, name, line
+
+
+def test_layers_import_only_layers_below():
+    bad = []
+    for path, mod, target, name, line in _all_imports():
+        src, dst = _unit(mod), _unit(target)
+        if dst == "<root>" and (name is None or name.startswith("__")):
+            continue  # ``from lmgeom import __version__`` (the root imports nothing statically)
+        if src == dst or (src in RANK and RANK[src] == 1 and RANK.get(dst) == 1):
+            continue  # inside one subpackage, or between the private base modules
+        if src not in RANK or dst not in RANK:
+            bad.append(f"{path.relative_to(SRC)}:{line}: {mod} -> {target} (unknown layer)")
+        elif RANK[dst] >= RANK[src]:
+            bad.append(f"{path.relative_to(SRC)}:{line}: {mod} ({src}) imports {target} ({dst}), "
+                       "which is not below it")
+    assert not bad, "layering violations:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_between_subpackages():
+    graph: dict[str, set[str]] = {}
+    for _, mod, target, name, _ in _all_imports():
+        if _unit(target) == "<root>" and (name is None or name.startswith("__")):
+            continue
+        if _unit(mod) != _unit(target):
+            graph.setdefault(_unit(mod), set()).add(_unit(target))
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(n: str, stack: list[str]) -> bool:
+        state[n] = 1
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                cycle.extend(stack[stack.index(m):] + [n, m] if m in stack else [n, m])
+                return True
+            if state.get(m) is None and visit(m, stack + [n]):
+                return True
+        state[n] = 2
+        return False
+
+    for n in sorted(graph):
+        if state.get(n) is None and visit(n, []):
+            break
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_private_names_across_modules():
+    bad = []
+    for path, mod, target, name, line in _all_imports():
+        if name is not None and name.startswith("_") and not name.startswith("__"):
+            bad.append(f"{path.relative_to(SRC)}:{line}: imports {target}.{name}")
+        last = target.split(".")[-1]
+        if last.startswith("_") and not last.startswith("__"):
+            owner = target.rsplit(".", 1)[0]  # a private module is private to its package
+            if not (mod == owner or mod.startswith(owner + ".")):
+                bad.append(f"{path.relative_to(SRC)}:{line}: imports private module {target}")
+    assert not bad, "private imports across modules:\n" + "\n".join(bad)
+
+
+def test_checker_catches_a_violation(tmp_path):
+    """The checks above can fail: a function-local upward import and a private name are seen."""
+    p = SRC / "metrics" / "_zz_probe_for_test.py"
+    p.write_text("def f():\n    from ..experiments import sweep\n    from ..texts.files import _x\n")
+    try:
+        found = [(t, n) for _, m, t, n, _ in _all_imports() if m.endswith("_zz_probe_for_test")]
+    finally:
+        p.unlink()
+    assert ("lmgeom.experiments.sweep", None) in found
+    assert ("lmgeom.texts.files", "_x") in found
+
+
+@pytest.mark.slow
+def test_python_m_lmgeom_is_the_script():
+    r = subprocess.run([sys.executable, "-m", "lmgeom", "--version"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    from lmgeom import __version__
+
+    assert r.stdout.strip() == f"lmgeom {__version__}"
+    r = subprocess.run([sys.executable, "-m", "lmgeom", "texts", "--nope"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "unrecognized arguments" in r.stderr
