@@ -165,3 +165,36 @@ def _numeric(s: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def model_options_from_args(args):
+    """The :class:`~lmgeom.experiments.options.ModelOptions` of the model option group."""
+    from ..experiments.options import ModelOptions
+
+    return ModelOptions(revision=args.revision, dtype=args.dtype, device=args.device,
+                        device_map=args.device_map, trust_remote_code=args.trust_remote_code)
+
+
+def text_options_from_args(args, spec: str | None = None):
+    """The :class:`~lmgeom.experiments.options.TextOptions` of the texts option group."""
+    from ..experiments.options import TextOptions
+
+    return TextOptions(spec=spec or args.texts, n=args.n, seed=getattr(args, "seed", 0),
+                       split=args.split, text_column=args.text_column,
+                       label_column=args.label_column)
+
+
+def run_and_report(experiment, args, *, report: bool = True):
+    """Run ``experiment`` into ``args.out`` (``--overwrite``, ``--quiet``), print its summary
+    and where the results are; the one ending every experiment command shares."""
+    from ..experiments.base import run_experiment
+
+    progress = progress_from_args(args)
+    run = run_experiment(experiment, args.out, overwrite=args.overwrite, progress=progress,
+                         report=report)
+    print(run.result.summary())
+    print(f"\nwrote {run.path}/{experiment.table}.parquet, {experiment.table}.csv, manifest.json"
+          + (", plots and the report:" if run.report else ""))
+    if run.report:
+        print(f"  {run.report.resolve()}")
+    return run
