@@ -13,7 +13,7 @@ import numpy as np
 def run(profile: str = "quick") -> list[dict]:
     import lmgeom
     from lmgeom import metrics as M
-    from lmgeom.experiments.layer_sweep import SweepConfig, model_basis
+    from lmgeom.experiments.layer_sweep import LayerSweepConfig, model_basis
 
     n = 512 if profile == "full" else 128
     texts = lmgeom.load_texts("builtin:domains", limit=n, seed=0)
@@ -24,7 +24,7 @@ def run(profile: str = "quick") -> list[dict]:
         acts = lmgeom.extract(model, texts, pooling="last", cache=False)
         secs[dtype] = time.perf_counter() - t
         states[dtype] = acts
-        basis = model_basis(model, SweepConfig())  # W_U in the model dtype, basis in float64
+        basis = model_basis(model, LayerSweepConfig())  # W_U in the model dtype, basis in float64
         states[dtype + "_basis"] = basis
     rows = [dict(bench="dtype", name="extract seconds fp32 / bf16", n_texts=n,
                  seconds=secs["float32"], ratio=secs["float32"] / secs["bfloat16"],

@@ -89,7 +89,7 @@ def test_sweep_ray_equals_local(cluster, suite, tmp_path):
 
 def test_retry_then_report_keeps_other_results(cluster, suite, tmp_path):
     from lmgeom.engines.base import EngineConfig
-    from lmgeom.experiments.layer_sweep import SweepConfig
+    from lmgeom.experiments.layer_sweep import LayerSweepConfig
     from lmgeom.experiments.sweep import jobs_from_suite, run_sweep
     from lmgeom.texts import as_textset
 
@@ -99,7 +99,7 @@ def test_retry_then_report_keeps_other_results(cluster, suite, tmp_path):
 
     flaky = replace(good[0], model="w16-flaky")
     bad = replace(good[1], model="always-fails")
-    cfg = SweepConfig(n_null=10, ccr=(1,), max_length=24)
+    cfg = LayerSweepConfig(n_null=10, ccr=(1,), max_length=24)
     res = run_sweep([bad, flaky, *good], as_textset(_texts()), cfg, out_dir=tmp_path / "out",
                     engine=EngineConfig(engine="ray", retries=2))
     ok = {r.job.name: r.ok for r in res.results}
@@ -129,14 +129,14 @@ def test_local_engine_retries_the_same_way(cluster, suite, tmp_path):
     from dataclasses import replace
 
     from lmgeom.engines.base import EngineConfig
-    from lmgeom.experiments.layer_sweep import SweepConfig
+    from lmgeom.experiments.layer_sweep import LayerSweepConfig
     from lmgeom.experiments.sweep import jobs_from_suite, run_sweep
     from lmgeom.texts import as_textset
 
     root, _ = suite
     good = jobs_from_suite(root, widths=[16], steps=[4])
     jobs = [replace(good[0], model="local-flaky"), replace(good[0], model="always-fails")]
-    res = run_sweep(jobs, as_textset(_texts()), SweepConfig(n_null=10, ccr=(1,), max_length=24),
+    res = run_sweep(jobs, as_textset(_texts()), LayerSweepConfig(n_null=10, ccr=(1,), max_length=24),
                     out_dir=tmp_path / "o", engine=EngineConfig(engine="local", retries=1))
     assert [(r.ok, r.info["attempts"]) for r in res.results] == [(True, 2), (False, 2)]
 

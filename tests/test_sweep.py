@@ -223,7 +223,7 @@ def test_sweep_rerun_reuses_jobs(micro, swept, capsys):
 
 
 def test_sweep_job_is_picklable_and_matches(micro, swept):
-    from lmgeom.experiments.layer_sweep import SweepConfig
+    from lmgeom.experiments.layer_sweep import LayerSweepConfig
     from lmgeom.experiments.sweep import JobOptions, jobs_from_suite, sweep_job
     from lmgeom.texts import load_texts
 
@@ -231,7 +231,7 @@ def test_sweep_job_is_picklable_and_matches(micro, swept):
     _, df, _ = swept
     job = next(iter(jobs_from_suite(root, widths=[32], steps=[4])))
     texts = load_texts(str(texts_file), limit=256, seed=0)
-    cfg = SweepConfig(n_null=10, ccr=(1, 5), max_length=24, seed=0)
+    cfg = LayerSweepConfig(n_null=10, ccr=(1, 5), max_length=24, seed=0)
     args = pickle.loads(pickle.dumps((job, texts, cfg, JobOptions())))
     res = sweep_job(*args[:3], options=args[3])
     assert res.ok and pickle.loads(pickle.dumps(res)).job == job
@@ -242,7 +242,7 @@ def test_sweep_job_is_picklable_and_matches(micro, swept):
 
 
 def test_failed_job_is_recorded_not_fatal(micro, tmp_path):
-    from lmgeom.experiments.layer_sweep import SweepConfig
+    from lmgeom.experiments.layer_sweep import LayerSweepConfig
     from lmgeom.experiments.sweep import JobSpec, jobs_from_suite, run_sweep
     from lmgeom.texts import as_textset
 
@@ -250,7 +250,7 @@ def test_failed_job_is_recorded_not_fatal(micro, tmp_path):
     good = jobs_from_suite(root, widths=[16], steps=[4])
     bad = JobSpec(model="broken", spec=str(tmp_path / "missing-model"), revision="step1")
     toobig = JobSpec(model="w16k", spec=good[0].spec, revision="step4")
-    res = run_sweep([bad, *good], as_textset(_texts()), SweepConfig(n_null=10, ccr=(1,), max_length=24),
+    res = run_sweep([bad, *good], as_textset(_texts()), LayerSweepConfig(n_null=10, ccr=(1,), max_length=24),
                     out_dir=tmp_path / "out")
     assert [r.ok for r in res.results] == [False, True]
     assert "ModelError" in res.results[0].error
@@ -261,7 +261,7 @@ def test_failed_job_is_recorded_not_fatal(micro, tmp_path):
     # k >= d fails inside the job (ConfigError), also recorded
     from lmgeom.experiments.sweep import JobOptions
 
-    r2 = run_sweep([toobig], as_textset(_texts()), SweepConfig(n_null=10, ccr=(1,), max_length=24),
+    r2 = run_sweep([toobig], as_textset(_texts()), LayerSweepConfig(n_null=10, ccr=(1,), max_length=24),
                    out_dir=tmp_path / "out2", options=JobOptions(k=16))
     assert not r2.results[0].ok and "ConfigError" in r2.results[0].error
 

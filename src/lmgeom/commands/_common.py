@@ -141,30 +141,9 @@ def progress_from_args(args) -> bool | None:
 
 def print_table(rows: list[dict], columns: list[str] | None = None, floatfmt: str = "{:.4g}") -> None:
     """Print rows as an aligned plain-text table (CLI output)."""
-    if not rows:
-        print("(no rows)")
-        return
-    cols = columns or list(rows[0])
+    from ..results.console import format_table
 
-    def fmt(v):
-        if isinstance(v, float):
-            return floatfmt.format(v)
-        return str(v)
-
-    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    print("  ".join("-" * w for w in widths))
-    for row in cells:
-        print("  ".join(v.rjust(w) if _numeric(v) else v.ljust(w) for v, w in zip(row, widths)))
-
-
-def _numeric(s: str) -> bool:
-    try:
-        float(s)
-        return True
-    except ValueError:
-        return False
+    print(format_table(rows, columns, floatfmt))
 
 
 def model_options_from_args(args):
@@ -197,4 +176,7 @@ def run_and_report(experiment, args, *, report: bool = True):
           + (", plots and the report:" if run.report else ""))
     if run.report:
         print(f"  {run.report.resolve()}")
+    total = run.folder.manifest.get("timings", {}).get("total_s")
+    if total is not None:
+        print(f"total {total:.1f} s")
     return run

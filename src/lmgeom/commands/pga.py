@@ -13,7 +13,7 @@ from ._common import (
     print_table,
     progress_from_args,
 )
-from .analyze import add_pga_args, sweep_config_from_args
+from .analyze import add_pga_args, layer_config_from_args
 
 NAME = "pga"
 HELP = "Subspace PGA z per layer for one model, with every PGA option, printed as a table"
@@ -37,35 +37,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..activations import extract
-    from ..experiments.layer_sweep import layer_metrics, model_basis
-    from ..results import table
+    from ..experiments.layer_sweep import pga_rows
 
     progress = progress_from_args(args)
-    config = sweep_config_from_args(args, logit_lens=False)
+    config = layer_config_from_args(args, logit_lens=False)
     texts = load_texts_from_args(args)
     model = load_model_from_args(args)
     acts = extract(model, texts, layers=config.layers, pooling=config.pooling,
                    max_length=config.max_length, batch_size=config.batch_size,
                    cache=not args.no_cache, seed=config.seed, progress=progress)
-    basis = model_basis(model, config)
-    from dataclasses import replace
-
-    config = replace(config, spectral=False)
-    rows, out = [], []
-    for i, label in enumerate(acts.layers):
-        got = {(r["metric"], r.get("setting", "")): r for r in layer_metrics(acts.states[i], basis, config, label)}
-        for m in config.ccr:
-            s = f"ccr={m}"
-            rows.append({"layer": label, "ccr": m, "z": got[("pga_z", s)]["value"],
-                         "rho_readout": got[("rho_readout", s)]["value"],
-                         "null_mean": got[("null_mean", s)]["value"],
-                         "null_std": got[("null_std", s)]["value"],
-                         "p_value": got[("p_value", s)]["value"],
-                         "pairs": int(got[("pga_z", s)]["n"])})
-        idx = model.point_index(label)
-        for r in got.values():
-            out.append(table.row(model=model.name, revision=args.revision or "", layer=label,
-                                 layer_index=idx, depth=idx / (model.n_blocks + 1), **r))
+    rows, tidy = pga_rows(model, acts, config, revision=args.revision or "")
     print(f"Subspace PGA — {model.name}, {len(texts)} texts ({texts.source}), pooling={config.pooling}, "
           f"k={config.k}, n_null={config.n_null}, readout={config.readout}, seed={config.seed}")
     print_table(rows, floatfmt="{:.4g}")
@@ -73,6 +54,6 @@ def run(args) -> int:
         from .._io import atomic_path
 
         with atomic_path(args.csv) as tmp:
-            table.frame(out).to_csv(tmp, index=False)
+            tidy.to_csv(tmp, index=False)
         print(f"\nwrote {args.csv}")
     return 0

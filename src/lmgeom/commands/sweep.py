@@ -81,7 +81,7 @@ def _ints(s: str | None, what: str) -> list[int] | None:
 
 def _config(args):
     from ..errors import ConfigError
-    from ..experiments.layer_sweep import SweepConfig
+    from ..experiments.layer_sweep import LayerSweepConfig
 
     ccr = tuple(_ints(args.ccr, "ccr") or ())
     pairs = args.pairs
@@ -96,7 +96,7 @@ def _config(args):
                 raise ValueError
         except ValueError as exc:
             raise ConfigError(f"--k must be a positive integer or 'auto', got {args.k!r}") from exc
-    return SweepConfig(k=100, n_null=args.n_null, ccr=ccr, pairs=pairs, readout=args.readout,
+    return LayerSweepConfig(k=100, n_null=args.n_null, ccr=ccr, pairs=pairs, readout=args.readout,
                        pooling=args.pooling, layers=args.layers, max_length=args.max_length,
                        batch_size=args.batch_size, seed=args.seed,
                        logit_lens=not args.no_logit_lens, device=args.metrics_device)

@@ -2,7 +2,7 @@
 
 The unit of work is always a plain, picklable function call — a sweep job
 (:func:`lmgeom.experiments.sweep.sweep_job`), one model of ``analyze``
-(:func:`lmgeom.commands.analyze.analyze_one`), or one batch of an extraction
+(:func:`lmgeom.experiments.analyze.analyze_model`), or one batch of an extraction
 (:func:`lmgeom.engines.ray_extract.extract_distributed`) — so both engines run the same code
 and produce the same numbers. The ``ray`` engine:
 

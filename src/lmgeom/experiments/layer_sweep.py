@@ -30,8 +30,10 @@ AUTO_PAIRS = 250_000
 
 
 @dataclass(frozen=True)
-class SweepConfig:
-    """Settings of one layer sweep (every one is recorded in the manifest)."""
+class LayerSweepConfig:
+    """Settings of the per-layer metrics of one model (PGA per CCR level, PC1 share, spectra,
+    logit lens): the layer sweep of ``analyze``, run per job by ``sweep`` (every setting is
+    recorded in the manifest)."""
 
     k: int = 100
     n_null: int = 100
@@ -66,7 +68,7 @@ class SweepConfig:
         return p if p < n * (n - 1) // 2 else None
 
 
-def model_basis(model, config: SweepConfig) -> np.ndarray:
+def model_basis(model, config: LayerSweepConfig) -> np.ndarray:
     """The ``(d, k)`` readout basis of ``model`` (raw ``W_U`` or ``W_U · diag(γ)``)."""
     from ..metrics import readout_basis
 
@@ -82,7 +84,7 @@ def model_basis(model, config: SweepConfig) -> np.ndarray:
     return readout_basis(W, config.k, gain=gain)
 
 
-def layer_metrics(X: np.ndarray, basis: np.ndarray, config: SweepConfig, label: str) -> list[dict[str, Any]]:
+def layer_metrics(X: np.ndarray, basis: np.ndarray, config: LayerSweepConfig, label: str) -> list[dict[str, Any]]:
     """Metric rows (without model/layer columns) for one layer's ``(N, d)`` states."""
     from .. import metrics as M
 
@@ -121,7 +123,7 @@ def layer_metrics(X: np.ndarray, basis: np.ndarray, config: SweepConfig, label: 
 def run_layer_sweep(
     model,
     acts,
-    config: SweepConfig,
+    config: LayerSweepConfig,
     *,
     work_dir: str | Path | None = None,
     revision: str = "",
@@ -180,10 +182,63 @@ def _safe(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)[-60:] or "_"
 
 
-def config_dict(config: SweepConfig) -> dict[str, Any]:
+def config_dict(config: LayerSweepConfig) -> dict[str, Any]:
     d = asdict(config)
     d["ccr"] = list(config.ccr)
     return d
 
 
-__all__ = ["SweepConfig", "run_layer_sweep", "layer_metrics", "model_basis", "config_dict"]
+def parse_ccr(text: str) -> tuple[int, ...]:
+    """``"0,1,5,10"`` → ``(0, 1, 5, 10)`` (the ``--ccr`` option)."""
+    try:
+        return tuple(int(x) for x in str(text).split(",") if x.strip())
+    except ValueError as exc:
+        raise ConfigError(f"--ccr must be a comma-separated list of integers, got {text!r}") from exc
+
+
+def parse_pairs(text: str | int | None) -> int | str | None:
+    """``auto`` / ``exact`` / an integer (the ``--pairs`` option)."""
+    if text in ("auto", "exact", None):
+        return text
+    try:
+        return int(text)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"--pairs must be 'auto', 'exact' or an integer, got {text!r}") from exc
+
+
+def pga_rows(model, acts, config: LayerSweepConfig, *, revision: str = ""):
+    """The PGA part of the layer sweep only (no spectra, no logit lens), for ``lmgeom pga``.
+
+    Returns:
+        (summary rows: one dict per layer × CCR level with z, rho_readout, null mean / std,
+        p-value and pairs; the tidy table of every metric row)
+    """
+    from dataclasses import replace
+
+    basis = model_basis(model, config)
+    config = replace(config, spectral=False)
+    summary, tidy = [], []
+    for i, label in enumerate(acts.layers):
+        got = {(r["metric"], r.get("setting", "")): r
+               for r in layer_metrics(acts.states[i], basis, config, label)}
+        for m in config.ccr:
+            s = f"ccr={m}"
+            summary.append({"layer": label, "ccr": m, "z": got[("pga_z", s)]["value"],
+                            "rho_readout": got[("rho_readout", s)]["value"],
+                            "null_mean": got[("null_mean", s)]["value"],
+                            "null_std": got[("null_std", s)]["value"],
+                            "p_value": got[("p_value", s)]["value"],
+                            "pairs": int(got[("pga_z", s)]["n"])})
+        idx = model.point_index(label)
+        for r in got.values():
+            tidy.append(table.row(model=model.name, revision=revision, layer=label,
+                                  layer_index=idx, depth=idx / (model.n_blocks + 1), **r))
+    return summary, table.frame(tidy)
+
+
+#: the old name (before 0.2) of :class:`LayerSweepConfig`
+SweepConfig = LayerSweepConfig
+
+
+__all__ = ["LayerSweepConfig", "config_dict", "layer_metrics", "model_basis", "parse_ccr",
+           "parse_pairs", "pga_rows", "run_layer_sweep"]

@@ -3,7 +3,7 @@ on one shared text set, gathered into one tidy table with regimes, trajectories 
 
 The unit of work is :func:`sweep_job` — one model × checkpoint → a :class:`JobResult` — which
 takes plain, picklable arguments (:class:`JobSpec`, a :class:`~lmgeom.texts.TextSet`, a
-:class:`~lmgeom.experiments.layer_sweep.SweepConfig`, :class:`JobOptions`, a folder path), loads
+:class:`~lmgeom.experiments.layer_sweep.LayerSweepConfig`, :class:`JobOptions`, a folder path), loads
 its own model and never raises for an ordinary failure: the error is returned in the result.
 :func:`run_jobs` runs the jobs on an engine (``local``: in this process; ``ray``: one Ray task
 per job, :mod:`lmgeom.engines.base`) and caches each finished job's rows; :func:`gather` turns results into the
@@ -31,11 +31,10 @@ import json
 import logging
 import math
 import os
-import re
 import socket
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -45,15 +44,17 @@ import pandas as pd
 
 from .._io import atomic_path, stable_hash, write_json
 from .._testing import fail_once
+from ..engines.base import EngineConfig, make_engine
 from ..errors import ConfigError, LmgeomError
+from ..report.figures_sweep import last_revisions, report_sections, report_table, write_sweep_report
 from ..results import table
-from .layer_sweep import SweepConfig, config_dict, run_layer_sweep
+from ..results.table import step_of
+from .analyze import analyze_model, resolve_k
+from .layer_sweep import LayerSweepConfig, config_dict
+from .options import ModelOptions
 
 log = logging.getLogger(__name__)
 
-#: ``k = "auto"``: min(AUTO_K_MAX, width // AUTO_K_DIV)
-AUTO_K_MAX = 100
-AUTO_K_DIV = 4
 SPECTRAL = ("rankme", "alpha_req", "isoscore", "mean_cosine", "condition_number")
 SWEEP_VERSION = "1"
 
@@ -129,23 +130,7 @@ class JobResult:
         return self.error is None and self.frame is not None
 
 
-def resolve_k(k: int | str, width: int) -> int:
-    """The readout dimension for a model of ``width``: ``k`` itself, or for ``"auto"``
-    ``min(100, width // 4)`` (the paper's k = 100 where d >= 400, a quarter of d below)."""
-    if isinstance(k, str):
-        if k != "auto":
-            try:
-                k = int(k)
-            except ValueError as exc:
-                raise ConfigError(f"k must be an integer or 'auto', got {k!r}") from exc
-        else:
-            return max(1, min(AUTO_K_MAX, int(width) // AUTO_K_DIV))
-    if int(k) < 1:
-        raise ConfigError(f"k must be >= 1, got {k}")
-    return int(k)
-
-
-def job_key(job: JobSpec, texts, config: SweepConfig, options: JobOptions) -> str:
+def job_key(job: JobSpec, texts, config: LayerSweepConfig, options: JobOptions) -> str:
     """Content key of a job's result: weights (or hub id + revision), texts, every setting."""
     ident: dict[str, Any] = {"spec": job.spec, "revision": job.hub_revision,
                              "weights": job.weights_sha256}
@@ -163,32 +148,10 @@ def job_key(job: JobSpec, texts, config: SweepConfig, options: JobOptions) -> st
     })[:20]
 
 
-@contextlib.contextmanager
-def _threads(n: int | None) -> Iterator[None]:
-    if n is None:
-        yield
-        return
-    import torch
-
-    prev = torch.get_num_threads()
-    torch.set_num_threads(int(n))
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover
-        limits: Any = contextlib.nullcontext()
-    else:
-        limits = threadpool_limits(limits=int(n))
-    try:
-        with limits:
-            yield
-    finally:
-        torch.set_num_threads(prev)
-
-
 def sweep_job(
     job: JobSpec,
     texts,
-    config: SweepConfig,
+    config: LayerSweepConfig,
     *,
     options: JobOptions | None = None,
     work_dir: str | None = None,
@@ -218,33 +181,14 @@ def sweep_job(
     t0 = time.perf_counter()
     info: dict[str, Any] = {"job": asdict(job), "host": socket.gethostname(), "pid": os.getpid()}
     try:
-        from ..activations import extract
-        from ..models import load_model
-
-        with _threads(options.threads):
-            fail_once(job.model)
-            t = time.perf_counter()
-            model = load_model(job.spec, dtype=options.dtype, device=options.device,
-                               revision=job.hub_revision, device_map=options.device_map,
-                               trust_remote_code=options.trust_remote_code)
-            info["load_s"] = time.perf_counter() - t
-            k = resolve_k(options.k, model.width)
-            cfg = replace(config, k=k)
-            info.update(width=model.width, n_blocks=model.n_blocks, k=k,
-                        weights_sha256=model.identity.get("weights_sha256"),
-                        commit=model.identity.get("commit"), model_type=model.model_type,
-                        vocab_size=model.vocab_size)
-            t = time.perf_counter()
-            acts = extract(model, texts, layers=cfg.layers, pooling=cfg.pooling,
-                           max_length=cfg.max_length, batch_size=cfg.batch_size,
-                           cache=options.cache, seed=cfg.seed, progress=progress)
-            info["extract_s"] = time.perf_counter() - t
-            info["activations_key"] = acts.key
-            info["n_truncated"] = acts.n_truncated
-            df, tm = run_layer_sweep(model, acts, cfg, work_dir=work_dir, revision=job.revision,
-                                     progress=progress)
-            info.update(tm)
-            del model, acts
+        fail_once(job.model)
+        res = analyze_model(
+            job.spec, texts, config,
+            model_options=ModelOptions(dtype=options.dtype, device=options.device,
+                                       device_map=options.device_map,
+                                       trust_remote_code=options.trust_remote_code),
+            hub_revision=job.hub_revision, revision=job.revision, label=job.model, k=options.k,
+            cache=options.cache, threads=options.threads, work_dir=work_dir, progress=progress)
     except (LmgeomError, OSError, RuntimeError, MemoryError, ValueError, KeyError) as exc:
         info["traceback"] = traceback.format_exc(limit=8)
         info["error_type"] = type(exc).__name__
@@ -252,26 +196,19 @@ def sweep_job(
         msg = f"{type(exc).__name__}: {exc}"
         log.warning("sweep job %s failed: %s", job.name, msg)
         return JobResult(job, None, info, msg)
-    df["model"] = job.model
-    extra = [table.row(model=job.model, revision=job.revision, metric="readout_k", value=float(k))]
+    info.update(res.info)
+    info.update(res.timings)
+    extra = [table.row(model=job.model, revision=job.revision, metric="readout_k",
+                       value=float(res.k))]
     if job.val_loss is not None and math.isfinite(float(job.val_loss)):
         extra.append(table.row(model=job.model, revision=job.revision, metric="val_loss",
                                value=float(job.val_loss)))
-    df = pd.concat([df, table.frame(extra)], ignore_index=True)
+    df = pd.concat([res.frame, table.frame(extra)], ignore_index=True)
     info["total_s"] = time.perf_counter() - t0
     return JobResult(job, df, info, None)
 
 
 # --------------------------------------------------------------------------- job lists
-
-
-_STEP = re.compile(r"step[_-]?(\d+)$")
-
-
-def step_of(revision: str) -> int | None:
-    """``step512`` → 512 (also ``step_512``); ``None`` for other revision names."""
-    m = _STEP.search(str(revision))
-    return int(m.group(1)) if m else None
 
 
 def jobs_from_suite(root: str | Path, *, widths: Sequence[int] | None = None,
@@ -322,7 +259,7 @@ def _result_paths(work: Path, key: str) -> tuple[Path, Path]:
 def run_jobs(
     jobs: Sequence[JobSpec],
     texts,
-    config: SweepConfig,
+    config: LayerSweepConfig,
     *,
     out_dir: str | Path,
     options: JobOptions | None = None,
@@ -341,7 +278,6 @@ def run_jobs(
             ends, so an interrupted sweep resumes with the jobs still missing.
     """
     from ..activations.core import progress_bar
-    from ..engines.base import EngineConfig, map_calls
 
     cfg = engine if isinstance(engine, EngineConfig) else EngineConfig(engine=str(engine))
     options = options or JobOptions()
@@ -394,7 +330,7 @@ def run_jobs(
               {"options": options, "work_dir": str(work / "layers" / keys[i]),
                "progress": progress if cfg.engine == "local" else False})
              for i in todo]
-    map_calls(sweep_job, calls, cfg, names=[jobs[i].name for i in todo], on_done=done,
+    make_engine(cfg).map(sweep_job, calls, names=[jobs[i].name for i in todo], on_done=done,
               failure_of=lambda r: None if r.ok else (r.info.get("error_type"), r.error))
     bar.close()
     return [r for r in results if r is not None]
@@ -500,151 +436,6 @@ def gather(results: Sequence[JobResult], *, primary_ccr: int = 1) -> tuple[pd.Da
     return df, entries
 
 
-def last_revisions(df: pd.DataFrame) -> dict[str, str]:
-    """Per model, its last checkpoint (largest step; else the last revision seen)."""
-    out: dict[str, str] = {}
-    for model, g in df.groupby("model", sort=False):
-        revs = list(dict.fromkeys(g["revision"].astype(str)))
-        out[str(model)] = max(revs, key=lambda r: (step_of(r) is None, step_of(r) or 0,
-                                                       revs.index(r)))
-    return out
-
-
-def report_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows the HTML report's per-layer sections show: every model's last checkpoint's
-    per-layer rows, and every model-level row (the step plots show the other checkpoints)."""
-    last = last_revisions(df.loc[df["layer_index"] >= 0]) if (df["layer_index"] >= 0).any() else {}
-    keep = df["layer_index"] < 0
-    for model, rev in last.items():
-        keep |= (df["model"] == model) & (df["revision"] == rev)
-    return df.loc[keep].reset_index(drop=True)
-
-
-# --------------------------------------------------------------------------- plots
-
-
-def _model_order(df: pd.DataFrame) -> list[str]:
-    models = list(dict.fromkeys(df["model"].astype(str)))
-
-    def key(m: str) -> tuple:
-        mm = re.fullmatch(r"w(\d+)", m)
-        return (0, int(mm.group(1)), m) if mm else (1, 0, models.index(m))
-
-    return sorted(models, key=key)
-
-
-def _steps_axis(revs: Sequence[str]) -> dict[str, float]:
-    if all(step_of(r) is not None for r in revs):
-        return {r: float(step_of(r)) for r in revs}  # type: ignore[arg-type]
-    return {r: float(i) for i, r in enumerate(revs)}
-
-
-def plot_profiles(df: pd.DataFrame, out_dir: str | Path, *, ccrs: Sequence[int] = (1, 5),
-                  stem: str = "profiles_by_step") -> list[Path]:
-    """PGA z per layer for every checkpoint: one panel per model (columns) and CCR level
-    (rows), one line per checkpoint coloured by training step (log colour scale)."""
-    from matplotlib import cm, colormaps, colors, rc_context
-    from matplotlib.figure import Figure
-
-    from ..report.plots import PLOT_STYLE, literal_text, save_figure, setting_label
-
-    z = df.loc[(df["metric"] == "pga_z") & (df["layer_index"] >= 0)
-               & ~df["layer"].astype(str).str.contains(".", regex=False)]
-    settings = [f"ccr={m}" for m in ccrs if (z["setting"] == f"ccr={m}").any()]
-    if z.empty or not settings:
-        return []
-    models = _model_order(z)
-    with rc_context(PLOT_STYLE):
-        fig = Figure(figsize=(3.4 * len(models) + 1.0, 2.6 * len(settings) + 0.6), layout="constrained")
-        axes = fig.subplots(len(settings), len(models), squeeze=False, sharey="row")
-        all_steps = [s for s in (step_of(r) for r in z["revision"].astype(str)) if s is not None]
-        vmax = max(all_steps) if all_steps else 1
-        norm = colors.SymLogNorm(linthresh=1.0, vmin=0, vmax=max(vmax, 1), base=10)
-        cmap = colormaps["viridis"]
-        for i, s in enumerate(settings):
-            for j, model in enumerate(models):
-                ax = axes[i][j]
-                g = z.loc[(z["model"] == model) & (z["setting"] == s)]
-                revs = sorted(dict.fromkeys(g["revision"].astype(str)),
-                              key=lambda r: (step_of(r) or 0, r))
-                xs = _steps_axis(revs)
-                for r in revs:
-                    c = g.loc[g["revision"] == r].drop_duplicates("layer_index").sort_values("layer_index")
-                    st = xs[r]
-                    ax.plot(c["layer_index"], c["value"], color=cmap(norm(st)), lw=1.3,
-                            marker="o", ms=2.5, label=literal_text(r))
-                ax.axhline(0.0, color="black", lw=0.8)
-                ticks = g.drop_duplicates("layer_index").sort_values("layer_index")
-                ax.set_xticks(list(ticks["layer_index"]), [literal_text(t) for t in ticks["layer"]])
-                if i == 0:
-                    ax.set_title(literal_text(model), loc="left")
-                if j == 0:
-                    ax.set_ylabel(f"PGA z ({setting_label(s)})")
-                if i == len(settings) - 1:
-                    ax.set_xlabel("layer")
-        sm = cm.ScalarMappable(norm=norm, cmap=cmap)
-        fig.colorbar(sm, ax=axes, label="training step", shrink=0.8)
-        fig.suptitle("Subspace PGA z per layer at every checkpoint (colour = training step)",
-                     fontsize=10.5)
-        return save_figure(fig, out_dir, stem)
-
-
-def plot_trajectory(df: pd.DataFrame, out_dir: str | Path, *, ccrs: Sequence[int] = (1, 5),
-                    stem: str = "trajectory") -> list[Path]:
-    """Against training step, one line per model: tracked-layer z (per CCR level), validation
-    loss, and the spectral metrics over the same layers — does z move where loss and spectra
-    do not?"""
-    from matplotlib import rc_context
-    from matplotlib.figure import Figure
-
-    from ..report.plots import (
-        PALETTE,
-        PLOT_STYLE,
-        literal_text,
-        metric_label,
-        save_figure,
-        setting_label,
-    )
-
-    ml = df.loc[df["layer_index"] < 0]
-    panels: list[tuple[str, str, str]] = []
-    for m in ccrs:
-        if ((ml["metric"] == "zone_pga_z_min") & (ml["setting"] == f"ccr={m}")).any():
-            panels.append(("zone_pga_z_min", f"ccr={m}",
-                           f"min z, tracked layers ({setting_label(f'ccr={m}')})"))
-    if (ml["metric"] == "val_loss").any():
-        panels.append(("val_loss", "", "validation loss"))
-    for m in ("rankme", "alpha_req", "isoscore"):
-        if (ml["metric"] == f"zone_{m}_mean").any():
-            panels.append((f"zone_{m}_mean", "", f"{metric_label(m)} (tracked mean)"))
-    if not panels:
-        return []
-    models = _model_order(ml.loc[ml["metric"].isin([p[0] for p in panels])])
-    with rc_context(PLOT_STYLE):
-        fig = Figure(figsize=(7.5, 1.9 * len(panels) + 0.8), layout="constrained")
-        axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-        for ax, (metric, setting, ylabel) in zip(axes, panels):
-            sel = ml.loc[(ml["metric"] == metric) & (ml["setting"] == setting)]
-            for j, model in enumerate(models):
-                g = sel.loc[sel["model"] == model]
-                if g.empty:
-                    continue
-                revs = sorted(dict.fromkeys(g["revision"].astype(str)), key=lambda r: (step_of(r) or 0, r))
-                xs = _steps_axis(revs)
-                g = g.drop_duplicates("revision").set_index("revision").loc[revs]
-                ax.plot([xs[r] for r in revs], g["value"].astype(float), marker="o", ms=3,
-                        lw=1.4, color=PALETTE[j % len(PALETTE)], label=literal_text(model))
-            if metric == "zone_pga_z_min":
-                ax.axhline(0.0, color="black", lw=0.8)
-            ax.set_ylabel(literal_text(ylabel))
-            ax.set_xscale("symlog", linthresh=1.0)
-        axes[0].legend(loc="best", ncols=min(4, len(models)))
-        axes[-1].set_xlabel("training step (symlog)")
-        fig.suptitle("Training trajectories: tracked-layer PGA z, validation loss and spectra",
-                     fontsize=10.5)
-        return save_figure(fig, out_dir, stem)
-
-
 # --------------------------------------------------------------------------- whole sweep
 
 
@@ -658,7 +449,7 @@ class SweepResult:
 def run_sweep(
     jobs: Sequence[JobSpec],
     texts,
-    config: SweepConfig,
+    config: LayerSweepConfig,
     *,
     out_dir: str | Path,
     options: JobOptions | None = None,
@@ -673,56 +464,6 @@ def run_sweep(
     primary = 1 if 1 in config.ccr else min(m for m in config.ccr if m >= 0)
     df, entries = gather(results, primary_ccr=primary)
     return SweepResult(df, entries, results)
-
-
-def report_sections(df: pd.DataFrame, entries: dict[str, Any], *, n_jobs: int,
-                    plots_dir: str | Path, ccrs: Sequence[int] = (1, 5, 10)) -> list[tuple[str, list[Path], str]]:
-    """The sweep's own report sections (``extra_figures`` of
-    :func:`~lmgeom.report.html.write_report`): z per layer per checkpoint, trajectories, the
-    regimes, and checkpoint integrity / failures (identical weights are a warning line)."""
-    shown = [m for m in (1, 5, 10) if m in ccrs][:2] or list(ccrs)[:1]
-    extra: list[tuple[str, list[Path], str]] = []
-    prof = plot_profiles(df, plots_dir, ccrs=shown)
-    if prof:
-        extra.append(("PGA z per layer at every checkpoint", prof,
-                      ("One panel per model (columns) and CCR level (rows); one line per "
-                      "checkpoint, coloured by training step.")))
-    traj = plot_trajectory(df, plots_dir, ccrs=shown)
-    if traj:
-        tracked = "; ".join(f"{m}: {', '.join(v) or 'none'}"
-                            for m, v in entries.get("tracked_layers", {}).items())
-        extra.append(("Training trajectories: z, loss and spectra vs step", traj,
-                      ("Lowest PGA z over each model's tracked layers (its last checkpoint's "
-                      "collapse zone if that is a detour, else its late non-final layers), the "
-                      "validation loss, and spectral metrics averaged over the same layers, "
-                      f"against training step. Tracked layers — {tracked}.")))
-    if entries.get("regimes"):
-        lines = [f"{k}: {v}." for k, v in entries["regimes"].items()]
-        extra.append(("Regimes (direct / detour)", [],
-                      "Rule: a collapse zone is a run of >= 2 consecutive non-final layers after "
-                      "the CCR-1 peak with z < 0, or one such layer with z < -2; a profile with a "
-                      "collapse zone is a detour, else direct. " + " ".join(lines)))
-    integrity = ["WARNING: identical weights in " + ", ".join(g)
-                 + " — these checkpoints are the same model." for g in entries.get("identical_weights", [])]
-    integrity += [f"FAILED job {f['name']} ({f.get('attempts', 1)} attempts): {f['error']}"
-                  for f in entries.get("failed_jobs", [])]
-    extra.append(("Checkpoint integrity and failures", [],
-                  " ".join(integrity) if integrity else
-                  f"All {n_jobs} jobs ran; no two checkpoints have identical weights (sha256 of the "
-                  "weight files, recorded per job in the manifest)."))
-    return extra
-
-
-def write_sweep_report(out_dir: str | Path, df: pd.DataFrame, manifest: dict[str, Any],
-                       entries: dict[str, Any], *, n_jobs: int, ccrs: Sequence[int] = (1, 5, 10),
-                       title: str = "lmgeom sweep") -> Path:
-    """Plots + ``report.html``: the per-layer sections on each model's last checkpoint
-    (:func:`report_table`), then :func:`report_sections`."""
-    from ..report.html import write_report
-
-    out = Path(out_dir)
-    extra = report_sections(df, entries, n_jobs=n_jobs, plots_dir=out / "plots", ccrs=ccrs)
-    return write_report(out, report_table(df), manifest, title=title, extra_figures=extra)
 
 
 __all__ = [

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -104,3 +105,12 @@ def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
             df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
         return frame(df.to_dict("records"))
     return pd.read_parquet(path)
+
+
+_STEP = re.compile(r"step[_-]?(\d+)$")
+
+
+def step_of(revision: str) -> int | None:
+    """``step512`` → 512 (also ``step_512``); ``None`` for other revision names."""
+    m = _STEP.search(str(revision))
+    return int(m.group(1)) if m else None

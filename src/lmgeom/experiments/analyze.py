@@ -1,0 +1,282 @@
+"""``analyze``: the main job — the layer sweep of one or more models, with probes and a report.
+
+One pipeline, :func:`analyze_model` (load → extract through the cache → per-layer metrics →
+probes), shared by this experiment and by every job of :mod:`lmgeom.experiments.sweep`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pandas as pd
+
+from ..engines.base import EngineConfig, make_engine
+from ..errors import ConfigError
+from ..models.bundled import DEFAULT_MODEL
+from ..results import table
+from ..results.console import format_table
+from .base import register
+from .layer_sweep import LayerSweepConfig, config_dict, run_layer_sweep
+from .options import ModelOptions, TextOptions
+
+#: ``k = "auto"``: min(AUTO_K_MAX, width // AUTO_K_DIV)
+AUTO_K_MAX = 100
+AUTO_K_DIV = 4
+
+
+def resolve_k(k: int | str, width: int) -> int:
+    """The readout dimension for a model of ``width``: ``k`` itself, or for ``"auto"``
+    ``min(100, width // 4)`` (the paper's k = 100 where d >= 400, a quarter of d below)."""
+    if isinstance(k, str):
+        if k != "auto":
+            try:
+                k = int(k)
+            except ValueError as exc:
+                raise ConfigError(f"k must be an integer or 'auto', got {k!r}") from exc
+        else:
+            return max(1, min(AUTO_K_MAX, int(width) // AUTO_K_DIV))
+    if int(k) < 1:
+        raise ConfigError(f"k must be >= 1, got {k}")
+    return int(k)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch and BLAS use ``n`` threads inside the block (``None``: leave as is)."""
+    if n is None:
+        yield
+        return
+    import torch
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover
+        limits: Any = contextlib.nullcontext()
+    else:
+        limits = threadpool_limits(limits=int(n))
+    try:
+        with limits:
+            yield
+    finally:
+        torch.set_num_threads(prev)
+
+
+@dataclass
+class ModelAnalysis:
+    """What :func:`analyze_model` produced for one model: its rows, facts, timings."""
+
+    frame: pd.DataFrame
+    info: dict[str, Any]
+    timings: dict[str, float]
+    k: int
+
+
+def analyze_model(
+    spec: str,
+    texts,
+    config: LayerSweepConfig,
+    *,
+    model_options: ModelOptions | None = None,
+    hub_revision: str | None = None,
+    revision: str = "",
+    label: str | None = None,
+    k: int | str | None = None,
+    probes: bool = False,
+    folds: int = 5,
+    cache: bool = True,
+    threads: int | None = None,
+    work_dir: str | Path | None = None,
+    progress: bool | None = None,
+) -> ModelAnalysis:
+    """One model through the whole pipeline: load, extract (through the activation cache),
+    per-layer metrics (:func:`~.layer_sweep.run_layer_sweep`, resumable per layer in
+    ``work_dir``), and linear probes when asked.
+
+    Plain, picklable arguments and results, so an engine can run it as one remote task.
+
+    Args:
+        spec: what :func:`~lmgeom.load_model` gets (bundled name, hub id, folder, .gguf).
+        texts: the :class:`~lmgeom.texts.TextSet`.
+        config: per-layer metric settings.
+        model_options: loading options; ``hub_revision`` overrides its revision.
+        revision: the ``revision`` column of the rows.
+        label: the ``model`` column (``None``: the model's name).
+        k: readout dimension (``None``: ``config.k``; ``"auto"``: min(100, d // 4)).
+        probes: add the per-layer linear probes (the texts need labels).
+        folds: CV folds of the probes.
+        cache: use the activation cache.
+        threads: torch / BLAS threads inside the call (``None``: leave as is).
+        work_dir: folder of the per-layer metric cache (``None``: none).
+        progress: progress bars.
+    """
+    from ..activations import extract
+
+    opts = model_options or ModelOptions()
+    if hub_revision is not None:
+        opts = replace(opts, revision=hub_revision)
+    timings: dict[str, float] = {}
+    with torch_threads(threads):
+        t = time.perf_counter()
+        model = opts.load(spec)
+        timings["load_s"] = time.perf_counter() - t
+        kk = config.k if k is None else resolve_k(k, model.width)
+        cfg = replace(config, k=kk)
+        t = time.perf_counter()
+        acts = extract(model, texts, layers=cfg.layers, pooling=cfg.pooling,
+                       max_length=cfg.max_length, batch_size=cfg.batch_size, cache=cache,
+                       seed=cfg.seed, progress=progress)
+        timings["extract_s"] = time.perf_counter() - t
+        df, tm = run_layer_sweep(model, acts, cfg, work_dir=work_dir, revision=revision,
+                                 progress=progress)
+        timings.update(tm)
+        frames = [df]
+        if probes:
+            from .probes import probe_rows
+
+            t = time.perf_counter()
+            frames.append(table.frame(probe_rows(model, acts, folds=folds, seed=cfg.seed,
+                                                 revision=revision, progress=progress)))
+            timings["probes_s"] = time.perf_counter() - t
+        info = {**model.describe(), "width": model.width, "n_blocks": model.n_blocks, "k": kk,
+                "weights_sha256": model.identity.get("weights_sha256"),
+                "commit": model.identity.get("commit"), "model_type": model.model_type,
+                "vocab_size": model.vocab_size, "activations_key": acts.key,
+                "n_truncated": acts.n_truncated,
+                "batches_cached": acts.timings["batches_cached"],
+                "host": socket.gethostname(), "pid": os.getpid()}
+        del model, acts
+    out = pd.concat(frames, ignore_index=True)
+    if label is not None:
+        out["model"] = label
+    return ModelAnalysis(out, info, timings, kk)
+
+
+@register
+@dataclass(frozen=True)
+class AnalyzeConfig:
+    """``lmgeom analyze``: every setting of the main job (plain values; the manifest holds them).
+
+    Attributes:
+        models: model specs, one row group per model.
+        texts: which texts.
+        model: how models load (revision, dtype, device ...).
+        layers: per-layer metric settings (PGA, CCR levels, pooling ...).
+        probes: run the per-layer linear probes when the texts have labels.
+        folds: CV folds of the probes.
+        cache: use the activation cache.
+        engine: where the models run (one task per model on ``ray``).
+    """
+
+    command: ClassVar[str] = "analyze"
+    table: ClassVar[str] = "layers"
+
+    models: tuple[str, ...] = (DEFAULT_MODEL,)
+    texts: TextOptions = field(default_factory=TextOptions)
+    model: ModelOptions = field(default_factory=ModelOptions)
+    layers: LayerSweepConfig = field(default_factory=LayerSweepConfig)
+    probes: bool = True
+    folds: int = 5
+    cache: bool = True
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ConfigError("give at least one model")
+        object.__setattr__(self, "models", tuple(self.models))
+
+    def settings(self) -> dict[str, Any]:
+        return {"probes": self.probes, "folds": self.folds, "models": list(self.models),
+                "revision": self.model.revision, "texts": self.texts.spec, "n": self.texts.n,
+                "dtype": self.model.dtype, "sweep": config_dict(self.layers),
+                "text_column": self.texts.text_column, "label_column": self.texts.label_column,
+                "split": self.texts.split}
+
+    def run(self, *, work_dir: str | Path | None = None,
+            progress: bool | None = None) -> AnalyzeResult:
+        timings: dict[str, float] = {}
+        t = time.perf_counter()
+        texts = self.texts.load()
+        timings["texts_s"] = time.perf_counter() - t
+        probes = texts.labels is not None and self.probes
+        local = self.engine.engine == "local"
+        # in this process a failure is raised as it is, at once (no retries)
+        engine = make_engine(replace(self.engine, retries=0) if local else self.engine)
+        calls = [((spec, texts, self.layers),
+                  {"model_options": self.model, "cache": self.cache, "probes": probes,
+                   "folds": self.folds, "revision": self.model.revision or "",
+                   "work_dir": str(Path(work_dir)) if work_dir else None,
+                   "progress": progress if local else False})
+                 for spec in self.models]
+        frames, infos = [], []
+        for spec, oc in zip(self.models, engine.map(analyze_model, calls,
+                                                    names=list(self.models))):
+            if not oc.ok:
+                if oc.exception is not None:
+                    raise oc.exception
+                raise RuntimeError(f"{spec} failed after {oc.attempts} attempts on "
+                                   f"{self.engine.engine}: {oc.error}\n{oc.traceback or ''}")
+            res: ModelAnalysis = oc.value
+            frames.append(res.frame)
+            infos.append({**res.info, "attempts": oc.attempts})
+            timings.update({f"{k}[{spec}]": v for k, v in res.timings.items()})
+        return AnalyzeResult(self, pd.concat(frames, ignore_index=True), infos, timings,
+                             {"source": texts.source, "n": len(texts), "hash": texts.hash,
+                              "n_dropped": texts.n_dropped})
+
+
+@dataclass
+class AnalyzeResult:
+    """The layer table of every model, facts about the models and texts, and timings."""
+
+    config: AnalyzeConfig
+    frame: pd.DataFrame
+    models: list[dict[str, Any]]
+    timings: dict[str, float]
+    texts: dict[str, Any]
+
+    def rows(self) -> pd.DataFrame:
+        return self.frame
+
+    def manifest(self) -> dict[str, Any]:
+        c = self.config
+        return {"engine": c.engine.describe(), "models": self.models,
+                "texts": self.texts["source"], "n_texts": self.texts["n"],
+                "texts_hash": self.texts["hash"], "n_dropped_texts": self.texts["n_dropped"],
+                "seeds": {"texts": c.texts.seed, "pga_null_and_pairs": c.layers.seed},
+                "timings": dict(self.timings)}
+
+    def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
+        from ..report.html import write_report
+
+        return write_report(folder.path, self.frame, manifest,
+                            title=f"lmgeom analyze — {', '.join(self.config.models)}")
+
+    def z_table(self, model: str) -> list[dict[str, Any]]:
+        """One dict per layer: ``layer`` and ``z ccr=m`` per CCR level."""
+        g = self.frame.loc[self.frame["model"] == model]
+        z = g[g.metric == "pga_z"].pivot_table(index=["layer_index", "layer"],
+                                               columns="setting", values="value", sort=True)
+        cols = [f"ccr={m}" for m in self.config.layers.ccr if f"ccr={m}" in z.columns]
+        return [{"layer": layer, **{f"z {c}": float(r[c]) for c in cols}}
+                for (_, layer), r in z.iterrows()]
+
+    def summary(self) -> str:
+        cfg = self.config.layers
+        parts = []
+        for model in dict.fromkeys(self.frame["model"].astype(str)):
+            parts.append(f"\nSubspace PGA z per layer — {model} (k={cfg.k}, n_null={cfg.n_null})")
+            parts.append(format_table(self.z_table(model), floatfmt="{:.2f}"))
+        return "\n".join(parts).lstrip("\n") if parts else "(no rows)"
+
+
+__all__ = ["AnalyzeConfig", "AnalyzeResult", "ModelAnalysis", "analyze_model", "resolve_k",
+           "torch_threads"]
