@@ -268,7 +268,7 @@ def test_failed_job_is_recorded_not_fatal(micro, tmp_path):
 
 def test_identical_weights_warned_in_sweep(micro, tmp_path, caplog, capsys):
     from lmgeom.cli import main
-    from lmgeom.experiments.sweep import report_sections
+    from lmgeom.report.figures_sweep import report_sections
     from lmgeom.report.html import write_report
 
     root, _, texts_file = micro

@@ -37,7 +37,7 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -46,12 +46,13 @@ from .._io import atomic_path, stable_hash, write_json
 from .._testing import fail_once
 from ..engines.base import EngineConfig, make_engine
 from ..errors import ConfigError, LmgeomError
-from ..report.figures_sweep import last_revisions, report_sections, report_table, write_sweep_report
+from ..report.figures_sweep import last_revisions, write_sweep_report
 from ..results import table
 from ..results.table import step_of
 from .analyze import analyze_model, resolve_k
+from .base import register
 from .layer_sweep import LayerSweepConfig, config_dict
-from .options import ModelOptions
+from .options import ModelOptions, TextOptions
 
 log = logging.getLogger(__name__)
 
@@ -441,9 +442,59 @@ def gather(results: Sequence[JobResult], *, primary_ccr: int = 1) -> tuple[pd.Da
 
 @dataclass
 class SweepResult:
+    """The whole sweep: its table, manifest entries (jobs, failures, regimes ...) and the job
+    results; with ``config`` set (:meth:`SweepConfig.run`) also a run-folder result."""
+
     frame: pd.DataFrame
     entries: dict[str, Any]
     results: list[JobResult]
+    config: SweepConfig | None = None
+    extra_manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_failed(self) -> int:
+        return len(self.entries.get("failed_jobs", []))
+
+    def rows(self) -> pd.DataFrame:
+        return self.frame
+
+    def manifest(self) -> dict[str, Any]:
+        return {**self.extra_manifest, **self.entries}
+
+    def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
+        c = self.config
+        title = f"lmgeom sweep — {c.name}" if c is not None and c.name else "lmgeom sweep"
+        ccrs = c.layers.ccr if c is not None else (1, 5, 10)
+        return write_sweep_report(folder.path, self.frame, manifest, self.entries,
+                                  n_jobs=len(self.results), ccrs=ccrs, title=title)
+
+    def summary(self) -> str:
+        from ..results.console import format_table
+
+        df, entries = self.frame, self.entries
+        ccr = self.config.layers.ccr if self.config is not None else (1, 5)
+        out: list[str] = []
+        per_layer = df.loc[df["layer_index"] >= 0]
+        if not per_layer.empty:
+            ccrs = [f"ccr={m}" for m in ccr if m in (1, 5)]
+            for model, rev in last_revisions(per_layer).items():
+                g = per_layer.loc[(per_layer["model"] == model) & (per_layer["revision"] == rev)
+                                  & (per_layer["metric"] == "pga_z")]
+                z = g.pivot_table(index=["layer_index", "layer"], columns="setting",
+                                  values="value", sort=True)
+                rows = [{"layer": layer, **{f"z {c}": float(r[c]) for c in ccrs if c in z.columns}}
+                        for (_, layer), r in z.iterrows()]
+                key = f"{model}@{rev}" if rev else model
+                vl = df.loc[(df["model"] == model) & (df["revision"] == rev)
+                            & (df["metric"] == "val_loss"), "value"]
+                tail = f", val loss {float(vl.iloc[0]):.3f}" if len(vl) else ""
+                out += [f"\n{key}: {entries['regimes'].get(key, 'no regime')}{tail}",
+                        format_table(rows, floatfmt="{:.2f}")]
+        out += ["WARNING: identical weights: " + ", ".join(g) for g in entries["identical_weights"]]
+        out += [f"FAILED {f['name']}: {f['error']}" for f in entries["failed_jobs"]]
+        n = len(self.results)
+        out.append(f"\n{n - self.n_failed} of {n} jobs ok")
+        return "\n".join(out).lstrip("\n")
 
 
 def run_sweep(
@@ -466,6 +517,82 @@ def run_sweep(
     return SweepResult(df, entries, results)
 
 
+@register
+@dataclass(frozen=True)
+class SweepConfig:
+    """``lmgeom sweep``: the layer sweep of ``analyze`` on every model × checkpoint.
+
+    Attributes:
+        jobs: the model × checkpoint jobs (:func:`jobs_from_suite`, :func:`jobs_from_models`).
+        texts: the one text set all jobs share.
+        layers: per-layer metric settings (``k`` is replaced per model by ``options.k``).
+        options: how each job loads and runs its model.
+        engine: where the jobs run.
+        suite: the suite folder the jobs come from (resolved path), if any.
+        name: the title of the report.
+    """
+
+    command: ClassVar[str] = "sweep"
+    table: ClassVar[str] = "sweep"
+
+    jobs: tuple[JobSpec, ...]
+    texts: TextOptions = field(default_factory=lambda: TextOptions(n=256))
+    layers: LayerSweepConfig = field(default_factory=LayerSweepConfig)
+    options: JobOptions = field(default_factory=JobOptions)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    suite: str | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.jobs:
+            raise ConfigError("the sweep has no jobs")
+        object.__setattr__(self, "jobs", tuple(self.jobs))
+
+    def settings(self) -> dict[str, Any]:
+        t = self.texts
+        return {"suite": self.suite, "jobs": [[j.model, j.revision, j.spec] for j in self.jobs],
+                "texts": t.spec, "n": t.n, "text_column": t.text_column,
+                "label_column": t.label_column, "split": t.split, "dtype": self.options.dtype,
+                "k": self.options.k, "sweep": config_dict(self.layers)}
+
+    def run(self, *, work_dir: str | Path | None = None,
+            progress: bool | None = None) -> SweepResult:
+        import tempfile
+
+        extra: dict[str, Any] = {"engine": self.engine.describe()}
+        timings: dict[str, float] = {}
+        t = time.perf_counter()
+        texts = self.texts.load()
+        timings["texts_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            if work_dir is None:
+                work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory())) / ".work"
+            res = run_sweep(self.jobs, texts, self.layers, out_dir=Path(work_dir).parent,
+                            options=self.options, progress=progress, engine=self.engine)
+        timings["jobs_s"] = time.perf_counter() - t
+        k = self.options.k
+        extra.update({
+            "models": sorted({j.model for j in self.jobs}, key=lambda m: (len(m), m)),
+            "texts": texts.source, "n_texts": len(texts), "texts_hash": texts.hash,
+            "n_dropped_texts": texts.n_dropped,
+            "k_rule": "min(100, d // 4)" if k == "auto" else f"k = {k}",
+            "seeds": {"texts": self.texts.seed, "pga_null_and_pairs": self.layers.seed},
+            "timings": timings,
+        })
+        if self.suite is not None:
+            from ..training.suite import read_suite
+
+            sm = read_suite(self.suite)
+            extra["suite_manifest"] = {key: sm.get(key) for key in (
+                "format", "tokens_per_width", "steps_total", "seed", "checkpoint_steps",
+                "identical_weights")}
+            extra["suite_manifest"]["data_hash"] = sm.get("data", {}).get("data_hash")
+        res.config = self
+        res.extra_manifest = extra
+        return res
+
+
 __all__ = [
     "JobOptions",
     "JobResult",
@@ -477,10 +604,7 @@ __all__ = [
     "jobs_from_models",
     "jobs_from_suite",
     "last_revisions",
-    "plot_profiles",
-    "plot_trajectory",
-    "report_sections",
-    "report_table",
+    "SweepConfig",
     "resolve_k",
     "run_jobs",
     "run_sweep",
@@ -488,5 +612,4 @@ __all__ = [
     "sweep_job",
     "tracked_layers",
     "trajectory_rows",
-    "write_sweep_report",
 ]
