@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         )
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        repeatable = tuple(a.dest for a in p._actions if isinstance(a, argparse._AppendAction))
+        p.set_defaults(_run=mod.run, _list_options=repeatable)
     return parser
 
 
@@ -83,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        from .commands._common import apply_model_args
+
+        apply_model_args(args)
         return int(args._run(args) or 0)
     except LmgeomError as exc:
         print(f"lmgeom {args.command}: error: {exc}", file=sys.stderr)

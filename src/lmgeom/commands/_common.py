@@ -27,6 +27,97 @@ def add_model_args(p: argparse.ArgumentParser, *, multiple: bool = False) -> Non
     g.add_argument("--device-map", default=None, help="transformers device_map, e.g. auto (big models)")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="allow code shipped with a hub model to run (off by default)")
+    add_model_args_option(g)
+
+
+MODEL_ARGS_KEYS = ("pretrained", "revision", "dtype", "device", "device_map", "trust_remote_code")
+
+
+def add_model_args_option(g) -> None:
+    """``--model-args k=v,...`` (lm-evaluation-harness style) beside the separate options."""
+    g.add_argument("--model-args", default=None, metavar="K=V,...",
+                   help="lm-eval style model arguments, e.g. dtype=bfloat16,revision=step1000,"
+                        "trust_remote_code=false (keys: " + ", ".join(MODEL_ARGS_KEYS) + "); "
+                        "the same as the separate options, which must not contradict them")
+
+
+def parse_model_args(text: str) -> dict[str, object]:
+    """``"dtype=bfloat16,revision=step1000,trust_remote_code=false"`` → a dict (booleans parsed)."""
+    from ..errors import ConfigError
+
+    out: dict[str, object] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ConfigError(f"--model-args: {item!r} is not KEY=VALUE")
+        if key == "torch_dtype":
+            key = "dtype"
+        if key not in MODEL_ARGS_KEYS:
+            raise ConfigError(f"--model-args: unknown key {key!r}; known: "
+                              + ", ".join(MODEL_ARGS_KEYS))
+        if key in out:
+            raise ConfigError(f"--model-args: {key} given twice")
+        value = value.strip()
+        if key == "trust_remote_code":
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ConfigError(f"--model-args: trust_remote_code must be true or false, got "
+                                  f"{value!r}")
+            out[key] = value.lower() in ("true", "1", "yes")
+        elif key == "dtype":
+            aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16",
+                       "fp32": "float32", "float": "float32"}
+            value = aliases.get(value, value)
+            if value not in ("float32", "bfloat16", "float16"):
+                raise ConfigError(f"--model-args: dtype must be float32, bfloat16 or float16, got "
+                                  f"{value!r}")
+            out[key] = value
+        else:
+            out[key] = value
+    return out
+
+
+#: the separate options' defaults: a model-args value may fill an option left at its default
+_OPTION_DEFAULTS = {"dtype": "float32", "revision": None, "device": None, "device_map": None,
+                    "trust_remote_code": False}
+
+
+def apply_model_args(args) -> None:
+    """Merge ``args.model_args`` into the separate model options of ``args`` (in place).
+
+    A key whose separate option was also given with a different value is an error, so a
+    command line never means two things."""
+    from ..errors import ConfigError
+    from ..models.bundled import DEFAULT_MODEL
+
+    text = getattr(args, "model_args", None)
+    if not text:
+        return
+    for key, value in parse_model_args(text).items():
+        attr = "model" if key == "pretrained" else key
+        if not hasattr(args, attr):
+            raise ConfigError(f"--model-args: {key} does not apply to this command")
+        current = getattr(args, attr)
+        flag = "--" + attr.replace("_", "-")
+        if isinstance(current, list) or (current is None and attr in ("model", "revision")
+                                         and _takes_list(args, attr)):
+            if current and value not in current:  # repeatable option given separately
+                raise ConfigError(f"--model-args {key}={value} contradicts {flag} "
+                                  f"{' '.join(current)}")
+            setattr(args, attr, current or [value])
+            continue
+        default = DEFAULT_MODEL if attr == "model" else _OPTION_DEFAULTS.get(attr)
+        if current != default and current != value:
+            raise ConfigError(f"--model-args {key}={value} contradicts {flag} {current}")
+        setattr(args, attr, value)
+
+
+def _takes_list(args, attr: str) -> bool:
+    """Whether the command's option is repeatable (``action="append"``, default ``None``)."""
+    return attr in getattr(args, "_list_options", ())
+
 
 
 def add_texts_args(p: argparse.ArgumentParser, *, default: str = DEFAULT_TEXTS, n: int | None = 512,

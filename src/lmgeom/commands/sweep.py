@@ -7,6 +7,7 @@ import argparse
 from ._common import (
     add_engine_args,
     add_extract_args,
+    add_model_args_option,
     add_run_args,
     add_texts_args,
 )
@@ -43,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="transformers device_map, e.g. auto: spread a big model over GPUs/CPU")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="allow code shipped with a hub model to run")
+    add_model_args_option(g)
     add_texts_args(p, n=256)
     add_extract_args(p)
     g = p.add_argument_group("PGA")
