@@ -263,8 +263,10 @@ def run_and_report(experiment, args, *, report: bool = True):
     run = run_experiment(experiment, args.out, overwrite=args.overwrite, progress=progress,
                          report=report)
     print(run.result.summary())
-    print(f"\nwrote {run.path}/{experiment.table}.parquet, {experiment.table}.csv, manifest.json"
-          + (", plots and the report:" if run.report else ""))
+    extra = getattr(run.result, "extra_tables", None)
+    extra_files = "".join(f", {stem}.parquet" for stem in (extra() if extra else {}))
+    print(f"\nwrote {run.path}/{experiment.table}.parquet, {experiment.table}.csv{extra_files}, "
+          "manifest.json" + (", plots and the report:" if run.report else ""))
     if run.report:
         print(f"  {run.report.resolve()}")
     total = run.folder.manifest.get("timings", {}).get("total_s")

@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-probes", action="store_true",
                    help="skip the per-layer linear probes (run by default when the texts have labels)")
     p.add_argument("--folds", type=int, default=5, help="CV folds of the linear probes")
+    p.add_argument("--log-samples", action="store_true",
+                   help="also write samples.parquet: one row per text (id, label, n_tokens, "
+                        "truncated, NLL, perplexity, per-layer norm and readout share)")
     add_run_args(p, out=None)
     add_engine_args(p)
 
@@ -77,7 +80,7 @@ def run(args) -> int:
         models=models, texts=text_options_from_args(args), model=model_options_from_args(args),
         layers=layer_config_from_args(args, logit_lens=not args.no_logit_lens),
         probes=not args.no_probes, folds=args.folds, cache=not args.no_cache,
-        engine=engine_from_args(args))
+        engine=engine_from_args(args), log_samples=args.log_samples)
     args.out = args.out or default_out("analyze", models)
     run_and_report(config, args)
     return 0

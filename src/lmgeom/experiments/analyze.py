@@ -78,6 +78,7 @@ class ModelAnalysis:
     info: dict[str, Any]
     timings: dict[str, float]
     k: int
+    samples: pd.DataFrame | None = None
 
 
 def analyze_model(
@@ -96,6 +97,7 @@ def analyze_model(
     threads: int | None = None,
     work_dir: str | Path | None = None,
     progress: bool | None = None,
+    log_samples: bool = False,
 ) -> ModelAnalysis:
     """One model through the whole pipeline: load, extract (through the activation cache),
     per-layer metrics (:func:`~.layer_sweep.run_layer_sweep`, resumable per layer in
@@ -117,6 +119,8 @@ def analyze_model(
         threads: torch / BLAS threads inside the call (``None``: leave as is).
         work_dir: folder of the per-layer metric cache (``None``: none).
         progress: progress bars.
+        log_samples: also compute the per-text rows of :mod:`~.samples` (one more forward
+            pass, for the per-text perplexity).
     """
     from ..activations import extract
 
@@ -146,6 +150,15 @@ def analyze_model(
             frames.append(table.frame(probe_rows(model, acts, folds=folds, seed=cfg.seed,
                                                  revision=revision, progress=progress)))
             timings["probes_s"] = time.perf_counter() - t
+        samples = None
+        if log_samples:
+            from .layer_sweep import model_basis
+            from .samples import sample_rows
+
+            t = time.perf_counter()
+            samples = sample_rows(model, texts, acts, model_basis(model, cfg), revision=revision,
+                                  label=label, progress=progress)
+            timings["samples_s"] = time.perf_counter() - t
         info = {**model.describe(), "width": model.width, "n_blocks": model.n_blocks, "k": kk,
                 "weights_sha256": model.identity.get("weights_sha256"),
                 "commit": model.identity.get("commit"), "model_type": model.model_type,
@@ -157,7 +170,7 @@ def analyze_model(
     out = pd.concat(frames, ignore_index=True)
     if label is not None:
         out["model"] = label
-    return ModelAnalysis(out, info, timings, kk)
+    return ModelAnalysis(out, info, timings, kk, samples)
 
 
 @register
@@ -174,6 +187,8 @@ class AnalyzeConfig:
         folds: CV folds of the probes.
         cache: use the activation cache.
         engine: where the models run (one task per model on ``ray``).
+        log_samples: also write ``samples.parquet``, one row per text (:mod:`~.samples`);
+            not part of the run's signature (it adds a file, changes no number).
     """
 
     command: ClassVar[str] = "analyze"
@@ -187,10 +202,14 @@ class AnalyzeConfig:
     folds: int = 5
     cache: bool = True
     engine: EngineConfig = field(default_factory=EngineConfig)
+    log_samples: bool = False
 
     def __post_init__(self) -> None:
         if not self.models:
             raise ConfigError("give at least one model")
+        if self.log_samples and self.layers.pooling == "tokens":
+            raise ConfigError("--log-samples needs one vector per text (pooling last or mean), "
+                              "not pooling tokens")
         object.__setattr__(self, "models", tuple(self.models))
 
     def settings(self) -> dict[str, Any]:
@@ -214,9 +233,10 @@ class AnalyzeConfig:
                   {"model_options": self.model, "cache": self.cache, "probes": probes,
                    "folds": self.folds, "revision": self.model.revision or "",
                    "work_dir": str(Path(work_dir)) if work_dir else None,
-                   "progress": progress if local else False})
+                   "progress": progress if local else False,
+                   "log_samples": self.log_samples})
                  for spec in self.models]
-        frames, infos = [], []
+        frames, infos, samples = [], [], []
         for spec, oc in zip(self.models, engine.map(analyze_model, calls,
                                                     names=list(self.models))):
             if not oc.ok:
@@ -226,11 +246,14 @@ class AnalyzeConfig:
                                    f"{self.engine.engine}: {oc.error}\n{oc.traceback or ''}")
             res: ModelAnalysis = oc.value
             frames.append(res.frame)
+            if res.samples is not None:
+                samples.append(res.samples)
             infos.append({**res.info, "attempts": oc.attempts})
             timings.update({f"{k}[{spec}]": v for k, v in res.timings.items()})
         return AnalyzeResult(self, pd.concat(frames, ignore_index=True), infos, timings,
                              {"source": texts.source, "n": len(texts), "hash": texts.hash,
-                              "n_dropped": texts.n_dropped})
+                              "n_dropped": texts.n_dropped},
+                             pd.concat(samples, ignore_index=True) if samples else None)
 
 
 @dataclass
@@ -242,9 +265,14 @@ class AnalyzeResult:
     models: list[dict[str, Any]]
     timings: dict[str, float]
     texts: dict[str, Any]
+    samples: pd.DataFrame | None = None
 
     def rows(self) -> pd.DataFrame:
         return self.frame
+
+    def extra_tables(self) -> dict[str, pd.DataFrame]:
+        """``samples`` (per-text rows) with ``--log-samples``."""
+        return {"samples": self.samples} if self.samples is not None else {}
 
     def manifest(self) -> dict[str, Any]:
         c = self.config

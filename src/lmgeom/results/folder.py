@@ -135,7 +135,7 @@ class RunFolder:
     def __enter__(self) -> RunFolder:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property
@@ -153,6 +153,15 @@ class RunFolder:
 
         return write_table(df, self.path, stem)
 
+    def write_parquet(self, df: pd.DataFrame, stem: str) -> Path:
+        """Atomically write ``stem.parquet`` (per-item tables: no CSV copy)."""
+        from .._io import atomic_path
+
+        path = self.path / f"{stem}.parquet"
+        with atomic_path(path) as tmp:
+            df.to_parquet(tmp, index=False)
+        return path
+
     def write_manifest(self, **entries: Any) -> Path:
         """Add ``entries`` (and ``finished``) to the manifest and write ``manifest.json``."""
         self.manifest.update(entries)
@@ -167,6 +176,9 @@ class RunFolder:
         path (``None`` without a report)."""
         df = result.rows()
         self.write_table(df, table)
+        extra = getattr(result, "extra_tables", None)
+        for stem, frame in (extra() if extra is not None else {}).items():
+            self.write_parquet(frame, stem)
         self.manifest.update(result.manifest())
         timings = self.manifest.setdefault("timings", {})
         t = time.perf_counter()

@@ -1,0 +1,122 @@
+"""Per-item outputs: ``--log-samples`` writes one row per text, and every column agrees with an
+explicit computation (the perplexity with ``lmgeom.lm.perplexity``, the readout share with a
+plain projection, truncation with the tokenizer)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import lmgeom
+from lmgeom.cli import main
+
+WORDS = ("river stone light window paper garden music winter number question table orange "
+         "forest engine silver market").split()
+
+
+def _corpus(tmp_path, n=24):
+    rng = np.random.default_rng(0)
+    rows = [{"text": " ".join(rng.choice(WORDS, size=int(rng.integers(3, 60)))),
+             "label": ["a", "b"][i % 2]} for i in range(n)]
+    p = tmp_path / "texts.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return p
+
+
+def test_analyze_log_samples_one_row_per_text(tiny_dir, tmp_path, capsys):
+    texts = _corpus(tmp_path)
+    model_dir = tiny_dir("llama")
+    out = tmp_path / "run"
+    argv = ["analyze", "--model", str(model_dir), "--texts", str(texts), "--k", "4",
+            "--n-null", "5", "--ccr", "1", "--max-length", "32", "--quiet", "--out", str(out)]
+    assert main(argv + ["--log-samples"]) == 0
+    assert "samples.parquet" in capsys.readouterr().out
+    s = pd.read_parquet(out / "samples.parquet")
+    ts = lmgeom.load_texts(str(texts), limit=512, seed=0)
+    assert list(s["id"]) == list(ts.ids) and list(s["label"]) == list(ts.labels)
+    model = lmgeom.load_model(str(model_dir))
+    full = [len(x) for x in model.tokenizer(list(ts.texts))["input_ids"]]
+    assert list(s["n_tokens_full"]) == full
+    assert list(s["truncated"]) == [n > 32 for n in full] and s["truncated"].any()
+    assert list(s["n_tokens"]) == [min(n, 32) for n in full]
+    ppl = lmgeom.lm.perplexity(model, ts, max_length=32)
+    np.testing.assert_allclose(s["perplexity"], ppl.perplexities, rtol=1e-9)
+    np.testing.assert_allclose(np.log(s["perplexity"]), s["nll"], rtol=1e-12)
+    # readout share, explicitly: ||V_k^T (x - mean)||^2 / ||x - mean||^2 per text
+    acts = lmgeom.extract(model, ts, max_length=32)
+    W = model.W_U.detach().float().numpy().astype(np.float64)
+    V = np.linalg.svd(W, full_matrices=False)[2][:4].T
+    for layer in ("0", "final"):
+        X = acts.layer(layer).astype(np.float64)
+        Xc = X - X.mean(0)
+        want = ((Xc @ V) ** 2).sum(1) / (Xc**2).sum(1)
+        np.testing.assert_allclose(s[f"readout_share@{layer}"], want, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(s[f"norm@{layer}"], np.linalg.norm(X, axis=1), rtol=1e-9)
+    assert s[[c for c in s.columns if c.startswith("readout_share@")]].stack().between(0, 1).all()
+    # the samples add a file and change no number: same signature, same table
+    layers = pd.read_parquet(out / "layers.parquet")
+    assert main(argv + ["--out", str(tmp_path / "plain")]) == 0
+    pd.testing.assert_frame_equal(layers, pd.read_parquet(tmp_path / "plain" / "layers.parquet"))
+    sig = json.loads((out / "manifest.json").read_text())["signature"]
+    assert sig == json.loads((tmp_path / "plain" / "manifest.json").read_text())["signature"]
+
+
+def test_log_samples_refuses_token_pooling(tiny_dir, tmp_path, capsys):
+    texts = _corpus(tmp_path, n=8)
+    rc = main(["analyze", "--model", str(tiny_dir("llama")), "--texts", str(texts), "--k", "4",
+               "--n-null", "5", "--ccr", "1", "--pooling", "tokens", "--log-samples", "--quiet",
+               "--out", str(tmp_path / "x")])
+    assert rc == 2
+    assert "pooling last or mean" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec, want", [
+    ("dtype=bfloat16,revision=step1000,trust_remote_code=false",
+     {"dtype": "bfloat16", "revision": "step1000", "trust_remote_code": False}),
+    ("torch_dtype=bf16, device=cpu", {"dtype": "bfloat16", "device": "cpu"}),
+    ("trust_remote_code=True", {"trust_remote_code": True}),
+])
+def test_model_args_parse(spec, want):
+    from lmgeom.commands._common import parse_model_args
+
+    assert parse_model_args(spec) == want
+
+
+def test_model_args_merge_and_contradict():
+    from lmgeom.cli import build_parser
+    from lmgeom.commands._common import apply_model_args
+    from lmgeom.errors import ConfigError
+
+    p = build_parser()
+    a = p.parse_args(["analyze", "--model-args", "dtype=bfloat16,revision=step64"])
+    apply_model_args(a)
+    assert (a.dtype, a.revision) == ("bfloat16", "step64")
+    a = p.parse_args(["sweep", "--model", "org/m", "--model-args", "revision=step64"])
+    apply_model_args(a)
+    assert a.revision == ["step64"]
+    a = p.parse_args(["pga", "--model-args", "pretrained=gemma3-270m"])
+    apply_model_args(a)
+    assert a.model == "gemma3-270m"
+    for argv in (["pga", "--dtype", "float16", "--model-args", "dtype=bfloat16"],
+                 ["pga", "--model-args", "colour=red"],
+                 ["pga", "--model-args", "dtype"],
+                 ["pga", "--model-args", "trust_remote_code=maybe"],
+                 ["sweep", "--model", "o/m", "--revision", "a", "--model-args", "revision=b"]):
+        with pytest.raises(ConfigError):
+            apply_model_args(p.parse_args(argv))
+
+
+def test_model_args_reach_the_loader(tiny_dir, tmp_path, capsys):
+    """``--model-args dtype=bfloat16`` gives the same activations as ``--dtype bfloat16``."""
+    texts = _corpus(tmp_path, n=8)
+    base = ["extract", "--model", str(tiny_dir("llama")), "--texts", str(texts), "--layers",
+            "final", "--quiet", "--no-cache"]
+    assert main(base + ["--dtype", "bfloat16", "--out", str(tmp_path / "a")]) == 0
+    assert main(base + ["--model-args", "dtype=bfloat16", "--out", str(tmp_path / "b")]) == 0
+    assert main(base + ["--out", str(tmp_path / "c")]) == 0
+    a, b, c = (lmgeom.load_activations(tmp_path / x) for x in "abc")
+    assert a.settings["dtype"] == b.settings["dtype"] == "bfloat16" != c.settings["dtype"]
+    np.testing.assert_array_equal(a.states, b.states)
