@@ -2,7 +2,7 @@
 
 import importlib
 
-MODULES = ("analyze",)
+MODULES = ("analyze", "sweep")
 
 for _name in MODULES:
     importlib.import_module(f"lmgeom.experiments.{_name}")
