@@ -9,8 +9,6 @@ from ._common import (
     add_extract_args,
     add_model_args,
     add_texts_args,
-    load_kwargs_from_args,
-    load_model_from_args,
     load_texts_from_args,
     print_table,
     progress_from_args,
@@ -39,39 +37,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import numpy as np
-
-    from ..activations import extract
-    from ._common import engine_from_args
+    from ..experiments.extract import extract_activations, layer_summary
+    from ._common import engine_from_args, model_options_from_args
 
     progress = progress_from_args(args)
     engine = engine_from_args(args)
     texts = load_texts_from_args(args)  # cheap: fail fast on a bad corpus before loading the model
-    common = dict(layers=args.layers, pooling=args.pooling, max_length=args.max_length,
-                  batch_size=args.batch_size, cache=not args.no_cache, n_tokens=args.n_tokens,
-                  seed=args.seed, progress=progress)
-    if engine.engine == "ray":
-        from ..engines.ray_extract import extract_distributed
-
-        acts = extract_distributed(args.model, texts, engine=engine,
-                                   load_kwargs=load_kwargs_from_args(args), **common)
-    else:
-        acts = extract(load_model_from_args(args), texts, **common)
+    acts = extract_activations(
+        args.model, texts, model_options=model_options_from_args(args), engine=engine,
+        layers=args.layers, pooling=args.pooling, max_length=args.max_length,
+        batch_size=args.batch_size, cache=not args.no_cache, n_tokens=args.n_tokens,
+        seed=args.seed, progress=progress)
     st, js = acts.save(args.out)
-    rows = []
-    for i, label in enumerate(acts.layers):
-        X = acts.states[i].astype(np.float64)
-        norms = np.linalg.norm(X, axis=1)
-        U = X / np.maximum(norms[:, None], 1e-30)
-        s = U.sum(0)
-        n = len(U)
-        mean_cos = (s @ s - n) / (n * (n - 1)) if n > 1 else float("nan")
-        rows.append({"layer": label, "mean_norm": float(norms.mean()), "std_norm": float(norms.std()),
-                     "mean_cosine": float(mean_cos)})
     print(f"{acts.model}: {len(acts.layers)} layers x {acts.states.shape[1]} vectors x d={acts.states.shape[2]} "
           f"({args.pooling} pooling, {len(texts)} texts from {texts.source}; {acts.n_truncated} truncated "
           f"to {args.max_length} tokens)")
-    print_table(rows)
+    print_table(layer_summary(acts))
     t = acts.timings
     where = f" on {t['workers']} Ray workers" if "workers" in t else ""
     print(f"\nwrote {st} and {js}  ({t['batches_computed']} batches computed{where}, "
