@@ -423,6 +423,52 @@ class PerplexityResult:
             columns=["id", "n_tokens", "nll_sum", "n_predicted", "perplexity"],
         )
 
+    def summary(self, show: int = 10) -> str:
+        """What ``lmgeom ppl`` prints: the corpus figures and the ``show`` texts with the
+        highest and the lowest perplexity."""
+        from ..results.console import format_table
+
+        df = self.to_frame()
+        st = self.settings
+        mode = (f"sliding window {st.get('max_length')}/{st.get('stride')}" if st.get("stride")
+                else f"max {st.get('max_length')} tokens, {self.n_truncated} truncated")
+        head = (f"{st.get('model')} on {st.get('texts')}: {len(self)} texts, "
+                f"{int(df.n_predicted.sum())} scored tokens ({mode}, {self.n_windows} model "
+                "inputs)")
+        corpus = (f"corpus perplexity {self.corpus_perplexity:.4g}   mean per text "
+                  f"{self.mean_perplexity:.4g}   median {self.median_perplexity:.4g}")
+        lines = [head, corpus]
+        k = max(0, int(show))
+        if k:
+            cols = ["id", "n_tokens", "perplexity"]
+            srt = df.sort_values("perplexity", kind="stable")
+            top = srt.tail(k).iloc[::-1] if len(srt) > k else srt.iloc[::-1]
+            lines += [f"\nhighest perplexity ({min(k, len(df))}):",
+                      format_table(top[cols].to_dict("records"))]
+            if len(df) > k:
+                lines += [f"\nlowest perplexity ({k}):",
+                          format_table(srt.head(k)[cols].to_dict("records"))]
+        return "\n".join(lines)
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write the per-text table (:meth:`to_frame`) as ``.csv``, ``.parquet`` or ``.jsonl``
+        (by the file name), atomically."""
+        from .._io import atomic_path
+
+        out = Path(path)
+        suffix = out.suffix.lower()
+        if suffix not in (".csv", ".parquet", ".jsonl"):
+            raise ConfigError(f"--out {out}: use a .csv, .parquet or .jsonl file name")
+        df = self.to_frame()
+        with atomic_path(out) as tmp:
+            if suffix == ".csv":
+                df.to_csv(tmp, index=False)
+            elif suffix == ".parquet":
+                df.to_parquet(tmp, index=False)
+            else:
+                df.to_json(tmp, orient="records", lines=True)
+        return out
+
 
 def sliding_windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int, int, int]]:
     """``(begin, end, score_from)`` windows covering tokens ``0..n_tokens-1``.
