@@ -5,17 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..experiments.knnlm import (
-    DEFAULT_CANDIDATES,
-    DEFAULT_CHUNK_LEN,
-    DEFAULT_EVAL_FRACTION,
-    DEFAULT_MAX_EVAL_TOKENS,
-    DEFAULT_MAX_TRAIN_TOKENS,
-    DEFAULT_POINT,
-    DEFAULT_SELECT_TOKENS,
-    DEFAULT_TRAIN_TEXTS,
-)
-from ..lm.knnlm import DEFAULT_K, DEFAULT_LAMBDA, DEFAULT_LAMBDAS, DEFAULT_TEMPERATURE
+from ..experiments import knnlm as kx  # the experiment's defaults
+from ..lm import knnlm as kl  # the kNN-LM's defaults
 from ._common import (
     add_model_args,
     add_run_args,
@@ -33,7 +24,7 @@ DESCRIPTION = (
     "neighbours, d = the squared L2 distance FAISS returns (--distance euclidean: its square "
     "root). One retrieval serves the whole --lambdas sweep. --point takes 30.attn_out, "
     "30.ffn_in, 30.ffn_out, 30 (residual after block 30, before the final norm), final (after "
-    f"it), last.ffn_in, ... (default {DEFAULT_POINT}: the input of the last FFN after its norm, "
+    f"it), last.ffn_in, ... (default {kx.DEFAULT_POINT}: the input of the last FFN after its norm, "
     "the key of the original kNN-LM). --select measures the token-level dispersion of every "
     "--candidates point on about --select-tokens training tokens, ranks them, evaluates the "
     "real kNN-LM for each (or the --top N) and reports whether the dispersion pick is the best. "
@@ -67,38 +58,38 @@ def _temperatures(s: str) -> tuple:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     g = p.add_argument_group("texts")
-    g.add_argument("--train-texts", default=DEFAULT_TRAIN_TEXTS, metavar="SPEC",
+    g.add_argument("--train-texts", default=kx.DEFAULT_TRAIN_TEXTS, metavar="SPEC",
                    help="corpus of the datastore: builtin:NAME, a file, or hf:NAME")
     g.add_argument("--eval-texts", default=None, metavar="SPEC",
                    help="held-out corpus to score (default: --eval-fraction of the training "
                         "texts, held out)")
-    g.add_argument("--eval-fraction", type=float, default=DEFAULT_EVAL_FRACTION,
+    g.add_argument("--eval-fraction", type=float, default=kx.DEFAULT_EVAL_FRACTION,
                    help="share of the training texts held out when no --eval-texts")
     g.add_argument("--n", type=int, default=None, help="texts per corpus (a seeded sample)")
-    g.add_argument("--chunk-len", type=int, default=DEFAULT_CHUNK_LEN, help="tokens per chunk")
-    g.add_argument("--max-train-tokens", type=int, default=DEFAULT_MAX_TRAIN_TOKENS,
+    g.add_argument("--chunk-len", type=int, default=kx.DEFAULT_CHUNK_LEN, help="tokens per chunk")
+    g.add_argument("--max-train-tokens", type=int, default=kx.DEFAULT_MAX_TRAIN_TOKENS,
                    help="datastore size (a seeded sample of chunks)")
-    g.add_argument("--max-eval-tokens", type=int, default=DEFAULT_MAX_EVAL_TOKENS,
+    g.add_argument("--max-eval-tokens", type=int, default=kx.DEFAULT_MAX_EVAL_TOKENS,
                    help="held-out tokens scored")
     g.add_argument("--bos", default="auto", choices=["auto", "on", "off"],
                    help="BOS before each chunk: auto = when the tokenizer prepends one")
     k = p.add_argument_group("kNN-LM")
-    k.add_argument("--point", default=DEFAULT_POINT,
+    k.add_argument("--point", default=kx.DEFAULT_POINT,
                    help="measurement point(s) of keys and queries, comma-separated")
     k.add_argument("--select", action="store_true",
                    help="rank --candidates by dispersion and check the ranking against the "
                         "measured kNN-LM perplexity")
-    k.add_argument("--candidates", default=DEFAULT_CANDIDATES, help="points compared by --select")
+    k.add_argument("--candidates", default=kx.DEFAULT_CANDIDATES, help="points compared by --select")
     k.add_argument("--top", type=int, default=None,
                    help="with --select: evaluate only the N highest-dispersion points")
-    k.add_argument("--select-tokens", type=int, default=DEFAULT_SELECT_TOKENS,
+    k.add_argument("--select-tokens", type=int, default=kx.DEFAULT_SELECT_TOKENS,
                    help="training tokens the dispersion is measured on")
-    k.add_argument("--k", type=int, default=DEFAULT_K, help="neighbours per query")
-    k.add_argument("--lambda", dest="lam", type=float, default=DEFAULT_LAMBDA,
+    k.add_argument("--k", type=int, default=kl.DEFAULT_K, help="neighbours per query")
+    k.add_argument("--lambda", dest="lam", type=float, default=kl.DEFAULT_LAMBDA,
                    help="interpolation weight of p_kNN (the headline setting)")
-    k.add_argument("--lambdas", type=_floats, default=DEFAULT_LAMBDAS,
+    k.add_argument("--lambdas", type=_floats, default=kl.DEFAULT_LAMBDAS,
                    help="lambda sweep computed from the same retrieval, comma-separated")
-    k.add_argument("--temperature", type=_temperature, default=DEFAULT_TEMPERATURE,
+    k.add_argument("--temperature", type=_temperature, default=kl.DEFAULT_TEMPERATURE,
                    help="T in exp(-d/T): a number, or auto = the median nearest-neighbour "
                         "distance of each point's queries (scale-free)")
     k.add_argument("--temperatures", type=_temperatures, default=(),
@@ -124,9 +115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args):
-    from ..experiments.knnlm import KnnConfig
-
-    return KnnConfig(point=args.point, select=args.select, candidates=args.candidates,
+    return kx.KnnConfig(point=args.point, select=args.select, candidates=args.candidates,
                      top=args.top, select_tokens=args.select_tokens, k=args.k, lam=args.lam,
                      lambdas=tuple(args.lambdas), temperature=args.temperature,
                      temperatures=tuple(args.temperatures),
