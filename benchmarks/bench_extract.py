@@ -26,10 +26,12 @@ def _texts(n: int):
 
 
 def _batches(model, texts, max_length, batch_size):
-    from lmgeom.activations.core import pad_batch, encode_texts
+    from lmgeom.activations.core import encode_texts
+    from lmgeom.activations.forward import pad_batch
 
     enc = encode_texts(model, texts, max_length)
-    return [pad_batch(model, enc, idx) for idx in enc.batches(batch_size)]
+    return [(b.input_ids, b.attention_mask)
+            for b in (pad_batch(model, enc, idx) for idx in enc.batches(batch_size))]
 
 
 def _bare(model, batches):

@@ -26,15 +26,15 @@ from lmgeom.experiments.clusters import (
 )
 from lmgeom.experiments.dispersion import (
     ChunkMeasurements,
-    Chunks,
     DispersionConfig,
     attach_to_run,
     correlation_rows,
-    group_means,
-    make_chunks,
     measure_chunks,
 )
-from lmgeom.experiments.hardness import HardnessConfig, quantile_overlap, rank_hardness
+from lmgeom.experiments.hardness import HardnessConfig, rank_hardness
+from lmgeom.metrics.dispersion import group_means
+from lmgeom.metrics.uncertainty import quantile_overlap
+from lmgeom.texts.chunks import Chunks, make_chunks
 from lmgeom.lm import perplexity
 
 SENTENCES = [

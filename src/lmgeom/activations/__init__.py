@@ -1,5 +1,10 @@
 """Activations: the only code that runs a model forward for geometry.
 
+:func:`run_batches` (and :func:`forward_batch` for one :class:`Batch`) is the one public way to
+run a model over encoded texts: padding (right or left, position ids from the attention
+mask), capture at measurement points, progress, resumable shards. Everything below and
+:mod:`lmgeom.lm` use it.
+
 ``extract(model, texts)`` → :class:`Activations` (pooled states, ``(n_layers, N, d)``);
 ``extract_tokens(model, texts, layers=...)`` → :class:`TokenActivations` (each text's
 ``(T, d)`` states, streamed to disk). Both cache content-addressed shards that survive
@@ -15,13 +20,27 @@ from .core import (
     extract_tokens,
     load_activations,
 )
+from .forward import (
+    Batch,
+    BatchOutput,
+    forward_batch,
+    pad_batch,
+    position_ids_from_mask,
+    run_batches,
+)
 
 __all__ = [
     "POOLINGS",
     "Activations",
+    "Batch",
+    "BatchOutput",
     "TokenActivations",
     "encode_texts",
     "extract",
     "extract_tokens",
+    "forward_batch",
     "load_activations",
+    "pad_batch",
+    "position_ids_from_mask",
+    "run_batches",
 ]

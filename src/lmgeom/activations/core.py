@@ -3,8 +3,9 @@
 Design:
 * texts are tokenized once, truncated to ``max_length`` (counted and reported), sorted by
   length (less padding) and cut into batches; batch ``i`` is cache shard ``i``;
-* right padding only, so pad tokens never influence a real token's state under the causal
-  mask, and pooling uses the attention mask, so pads never enter a pooled vector;
+* the forward is :func:`lmgeom.activations.forward.run_batches`: right padding by default
+  (``padding_side="left"`` works too: position ids come from the attention mask), pooling
+  uses the attention mask, so pads never enter a pooled vector;
 * hooks on the requested points pool each ``(B, T, d)`` tensor on the fly (nothing per layer
   is kept at full size), the base model runs without the readout head, and the forward stops
   after the last block any requested point needs;
@@ -19,7 +20,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,7 +31,16 @@ import numpy as np
 from .._io import atomic_path, sha256_bytes, stable_hash, write_json
 from .._paths import cache_dir as _cache_root
 from .._testing import pause
-from ..errors import CacheError, ConfigError, DataError, TextsError
+from ..errors import CacheError, ConfigError, TextsError
+from .forward import (
+    PADDING_SIDES,
+    check_finite,
+    dtype_name,
+    length_batches,
+    model_identity,
+    progress_bar,  # noqa: F401 - re-exported: callers import it from here
+    run_batches,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +63,8 @@ class Encoded:
         return np.array([len(x) for x in self.ids], dtype=np.int64)
 
     def batches(self, batch_size: int) -> list[np.ndarray]:
-        order = np.argsort(-self.lengths, kind="stable")
-        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+        """Row indices per batch, longest rows first (:func:`~.forward.length_batches`)."""
+        return length_batches(self.lengths, batch_size)
 
 
 def encode_texts(model, texts: Sequence[str], max_length: int) -> Encoded:
@@ -75,21 +84,6 @@ def encode_texts(model, texts: Sequence[str], max_length: int) -> Encoded:
     if n_trunc:
         log.info("%d of %d texts truncated to %d tokens", n_trunc, len(ids), max_length)
     return Encoded(tuple(ids), n_trunc, max_length)
-
-
-def pad_batch(model, enc: Encoded, idx: np.ndarray):
-    import torch
-
-    rows = [enc.ids[i] for i in idx]
-    T = max(len(r) for r in rows)
-    pad = model.tokenizer.pad_token_id or 0
-    input_ids = np.full((len(rows), T), pad, dtype=np.int64)
-    mask = np.zeros((len(rows), T), dtype=np.int64)
-    for j, r in enumerate(rows):
-        input_ids[j, : len(r)] = r
-        mask[j, : len(r)] = 1
-    dev = model.device
-    return torch.from_numpy(input_ids).to(dev), torch.from_numpy(mask).to(dev)
 
 
 # ---------------------------------------------------------------------- results
@@ -283,27 +277,6 @@ class ShardCache:
         return FileLock(str(self.dir) + ".lock")
 
 
-def model_identity(model) -> dict[str, Any]:
-    ident = {k: v for k, v in model.identity.items() if k not in ("name", "path")}
-    ident["model_type"] = model.model_type
-    return ident
-
-
-def progress_bar(total: int, desc: str, progress: bool | None):
-    from tqdm.auto import tqdm
-
-    if progress is None:
-        progress = sys.stderr.isatty() and not os.environ.get("LMGEOM_QUIET")
-    return tqdm(total=total, desc=desc, unit="batch", disable=not progress, leave=False)
-
-
-def check_finite(label: str, arr: np.ndarray, dtype: str) -> None:
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        hint = " (fp16 overflow is a common cause: use --dtype float32 or bfloat16)" if "16" in dtype else ""
-        raise DataError(f"layer {label}: {int(bad.sum())} non-finite values in the hidden states{hint}")
-
-
 # ---------------------------------------------------------------------- extract
 def extract(
     model,
@@ -318,6 +291,7 @@ def extract(
     seed: int = 0,
     progress: bool | None = None,
     cache_root: str | os.PathLike[str] | None = None,
+    padding_side: str = "right",
 ) -> Activations:
     """Pooled hidden states of ``model`` on ``texts`` at every requested point.
 
@@ -335,12 +309,13 @@ def extract(
         cache: reuse / write the on-disk cache (``$LMGEOM_CACHE/activations``).
         n_tokens, seed: sample size and seed of ``tokens`` pooling.
         progress: show a progress bar (default: when stderr is a terminal).
+        cache_root: another cache folder.
+        padding_side: ``"right"`` (default) or ``"left"``; both give the same states (position
+            ids come from the attention mask). Left padding is part of the cache key.
 
     Returns:
         :class:`Activations` with ``states`` of shape ``(n_layers, N, d)``, float32.
     """
-    import torch
-
     from ..models import load_model
     from ..texts import as_textset
 
@@ -348,23 +323,20 @@ def extract(
     model = load_model(model)
     ts = as_textset(texts)
     plan = plan_extraction(model, ts, layers=layers, pooling=pooling, max_length=max_length,
-                           batch_size=batch_size, n_tokens=n_tokens, seed=seed)
+                           batch_size=batch_size, n_tokens=n_tokens, seed=seed,
+                           padding_side=padding_side)
     store = plan.store(cache, cache_root)
     n_computed = 0
     shards: list[dict[str, np.ndarray]] = []
     with store.lock():
         store.drop_stale()
-        bar = progress_bar(len(plan.batches), f"extract {model.name}", progress)
-        for bi in range(len(plan.batches)):
-            got = store.get(bi)
-            if got is None:
-                got = plan.run_batch(model, bi, torch)
-                store.put(bi, got)
+        for out in run_batches(model, plan.enc, plan.points, plan.pool, plan.shard,
+                               batches=plan.batches, padding_side=plan.padding_side,
+                               store=store, progress=progress, desc=f"extract {model.name}"):
+            if out.computed:
                 n_computed += 1
                 pause("extract")
-            shards.append(got)
-            bar.update(1)
-        bar.close()
+            shards.append(out.tensors)
     return plan.assemble(shards, ts, timings={
         "extract_s": time.perf_counter() - t0, "batches_computed": n_computed,
         "batches_cached": len(plan.batches) - n_computed})
@@ -388,6 +360,7 @@ class ExtractionPlan:
     model_name: str
     model_identity: dict[str, Any]
     texts_source: str
+    padding_side: str = "right"
 
     def store(self, cache: bool, cache_root=None) -> ShardCache:
         return ShardCache(self.key, {**self.settings, "model": self.model_name,
@@ -396,10 +369,28 @@ class ExtractionPlan:
 
     def run_batch(self, model, bi: int, torch=None) -> dict[str, np.ndarray]:
         """The tensors of shard ``bi`` (one forward of batch ``bi``)."""
-        if torch is None:
-            import torch
-        return _run_batch(model, self.enc, self.batches[bi], self.points,
-                          self.settings["pooling"], self.bos, self.sample_pos, self.dtype, torch)
+        from .forward import forward_batch, pad_batch
+
+        batch = pad_batch(model, self.enc, self.batches[bi], padding_side=self.padding_side)
+        return self.shard(batch, forward_batch(model, batch, self.points, self.pool))
+
+    def pool(self, label: str, h, batch) -> np.ndarray:
+        """The :data:`~.forward.Capture` of this plan: point ``label``'s ``(B, T, d)`` states
+        pooled per row (``last`` / ``mean``) or at the sampled positions (``tokens``)."""
+        return _pool(h, batch, self.settings["pooling"], self.bos, self.sample_pos)
+
+    def shard(self, batch, pooled: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The :data:`~.forward.Finish` of this plan: the cache shard of one batch."""
+        for p in self.points:
+            check_finite(p, pooled[p], self.dtype)
+        out = {"states": np.stack([pooled[p] for p in self.points])}
+        if self.settings["pooling"] == "tokens":
+            _, cols, owners = _sampled(batch, self.sample_pos)
+            out["row_text"] = np.asarray(owners, dtype=np.int64)
+            out["row_pos"] = np.asarray(cols, dtype=np.int64)
+        else:
+            out["index"] = np.asarray(batch.index, dtype=np.int64)
+        return out
 
     def assemble(self, shards: Sequence[dict[str, np.ndarray]], ts,
                  timings: dict[str, float] | None = None) -> Activations:
@@ -415,7 +406,8 @@ class ExtractionPlan:
 
 
 def plan_extraction(model, ts, *, layers="all", pooling: str = "last", max_length: int = 128,
-                    batch_size: int = 32, n_tokens: int = 2048, seed: int = 0) -> ExtractionPlan:
+                    batch_size: int = 32, n_tokens: int = 2048, seed: int = 0,
+                    padding_side: str = "right") -> ExtractionPlan:
     """Validate the settings, tokenize ``ts`` and fix the batches and the cache key."""
     if len(ts) == 0:
         raise TextsError("the corpus is empty: nothing to extract")
@@ -423,9 +415,11 @@ def plan_extraction(model, ts, *, layers="all", pooling: str = "last", max_lengt
         raise ConfigError(f"unknown pooling {pooling!r} (use one of {', '.join(POOLINGS)})")
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if padding_side not in PADDING_SIDES:
+        raise ConfigError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
     points = model.resolve_points(layers)
     enc = encode_texts(model, ts.texts, max_length)
-    dtype = str(model.dtype).replace("torch.", "")
+    dtype = dtype_name(model)
     settings = {
         "version": EXTRACT_VERSION,
         "pooling": pooling,
@@ -436,6 +430,8 @@ def plan_extraction(model, ts, *, layers="all", pooling: str = "last", max_lengt
     }
     if pooling == "tokens":
         settings.update({"n_tokens": n_tokens, "seed": seed})
+    if padding_side != "right":  # right padding keeps the keys it always had
+        settings["padding_side"] = padding_side
     key = stable_hash({"model": model_identity(model), "texts": ts.hash, **settings})[:32]
     sample_pos: dict[int, np.ndarray] = {}
     if pooling == "tokens":
@@ -443,7 +439,8 @@ def plan_extraction(model, ts, *, layers="all", pooling: str = "last", max_lengt
     return ExtractionPlan(points=tuple(points), enc=enc, dtype=dtype, settings=settings, key=key,
                           sample_pos=sample_pos, bos=model.bos_prepended,
                           batches=enc.batches(batch_size), model_name=model.name,
-                          model_identity=dict(model.identity), texts_source=ts.source)
+                          model_identity=dict(model.identity), texts_source=ts.source,
+                          padding_side=padding_side)
 
 
 def _sample_positions(lengths: np.ndarray, n_tokens: int, seed: int) -> dict[int, np.ndarray]:
@@ -465,49 +462,51 @@ def _sample_positions(lengths: np.ndarray, n_tokens: int, seed: int) -> dict[int
     return out
 
 
-def _run_batch(model, enc, idx, points, pooling, bos, sample_pos, dtype, torch):
-    input_ids, mask = pad_batch(model, enc, idx)
-    lengths = mask.sum(1)
-    pooled: dict[str, Any] = {}
-    if pooling == "mean":
-        w = mask.clone()
-        if bos:
-            w[:, 0] = torch.where(lengths > 1, 0, w[:, 0])
-        w = w.to(torch.float32)
-        denom = w.sum(1, keepdim=True)
-    if pooling == "tokens":
-        rows, cols, owners = [], [], []
-        for j, t in enumerate(idx):
-            for p in sample_pos.get(int(t), ()):
-                rows.append(j)
-                cols.append(int(p))
-                owners.append(int(t))
-        rows_t = torch.tensor(rows, dtype=torch.long, device=input_ids.device)
-        cols_t = torch.tensor(cols, dtype=torch.long, device=input_ids.device)
+def _sampled(batch, sample_pos) -> tuple[list[int], list[int], list[int]]:
+    """(batch row, text position, text index) of every sampled token of ``batch``."""
+    rows, cols, owners = [], [], []
+    for j, t in enumerate(batch.index):
+        for p in sample_pos.get(int(t), ()):
+            rows.append(j)
+            cols.append(int(p))
+            owners.append(int(t))
+    return rows, cols, owners
 
-    def sink(label, h):
-        if pooling == "last":
-            v = h[torch.arange(h.shape[0], device=h.device), lengths - 1]
-        elif pooling == "mean":
-            v = (h.to(torch.float32) * w[..., None]).sum(1) / denom
-        else:
-            v = h[rows_t, cols_t]
-        pooled[label] = v.to(torch.float32).cpu().numpy()
 
-    with model.capture(points, sink):
-        model.run_base(input_ids, mask)
-    missing = [p for p in points if p not in pooled]
-    if missing:  # pragma: no cover - would be an adapter bug
-        raise RuntimeError(f"hooks did not fire for {missing}")
-    for p in points:
-        check_finite(p, pooled[p], dtype)
-    out = {"states": np.stack([pooled[p] for p in points])}
-    if pooling == "tokens":
-        out["row_text"] = np.asarray(owners, dtype=np.int64)
-        out["row_pos"] = np.asarray(cols, dtype=np.int64)
+def _pool(h, batch, pooling: str, bos: bool, sample_pos) -> np.ndarray:
+    """Pool one point's ``(B, T, d)`` states of ``batch``: ``(B, d)`` (``last``/``mean``) or
+    ``(n_sampled, d)`` (``tokens``), float32 numpy. Derived per-batch tensors are memoised in
+    ``batch.scratch``."""
+    import torch
+
+    sc = batch.scratch
+    if pooling == "last":
+        if "last" not in sc:
+            sc["last"] = (torch.arange(h.shape[0], device=h.device), batch.last)
+        v = h[sc["last"]]
+    elif pooling == "mean":
+        if "w" not in sc:
+            lengths = batch.lengths
+            w = batch.attention_mask.clone()
+            if bos:  # leave out the BOS (unless it is the only token)
+                r = torch.arange(w.shape[0], device=w.device)
+                first = batch.first
+                w[r, first] = torch.where(lengths > 1, 0, w[r, first])
+            w = w.to(torch.float32)
+            sc["w"], sc["denom"] = w, w.sum(1, keepdim=True)
+        x = h.to(torch.float32)
+        if batch.padding_side == "left":  # a pad row that attends to nothing may be NaN
+            x = x.masked_fill(~batch.valid[..., None], 0.0)
+        v = (x * sc["w"][..., None]).sum(1) / sc["denom"]
     else:
-        out["index"] = np.asarray(idx, dtype=np.int64)
-    return out
+        if "rc" not in sc:
+            rows, cols, _ = _sampled(batch, sample_pos)
+            dev = batch.input_ids.device
+            rows_t = torch.tensor(rows, dtype=torch.long, device=dev)
+            cols_t = torch.tensor(cols, dtype=torch.long, device=dev)
+            sc["rc"] = (rows_t, batch.first[rows_t] + cols_t)
+        v = h[sc["rc"]]
+    return v.to(torch.float32).cpu().numpy()
 
 
 def _assemble(shards, n_texts: int, pooling: str):
@@ -593,7 +592,7 @@ def extract_tokens(
         raise TextsError("the corpus is empty: nothing to extract")
     points = model.resolve_points(layers)
     enc = encode_texts(model, ts.texts, max_length)
-    dtype = str(model.dtype).replace("torch.", "")
+    dtype = dtype_name(model)
     settings = {"version": EXTRACT_VERSION, "pooling": "none", "max_length": max_length,
                 "batch_size": batch_size, "dtype": dtype, "layers": list(points)}
     key = "tok-" + stable_hash({"model": model_identity(model), "texts": ts.hash, **settings})[:28]
@@ -605,33 +604,31 @@ def extract_tokens(
         root = Path(cache_root) if cache_root else None
     store = ShardCache(key, {**settings, "model": model.name}, True, root)
     batches = enc.batches(batch_size)
-    where: dict[int, tuple[int, int]] = {}
+    where = {int(t): (bi, j) for bi, idx in enumerate(batches) for j, t in enumerate(idx)}
+
+    def tokens(label, h, batch):
+        """Every real token's state of each row, concatenated: ``(sum T_i, d)``."""
+        if "span" not in batch.scratch:
+            first = batch.first.cpu().numpy()
+            batch.scratch["span"] = [(int(a), int(a + n)) for a, n in
+                                     zip(first, batch.lengths.cpu().numpy())]
+        hs = h.to(torch.float32).cpu().numpy()
+        return np.concatenate([hs[j, a:b] for j, (a, b) in enumerate(batch.scratch["span"])])
+
+    def shard(batch, got):
+        for p in points:
+            check_finite(p, got[p], dtype)
+        lens = batch.lengths.cpu().numpy()
+        out = {f"h:{p}": got[p] for p in points}
+        out["offsets"] = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        out["index"] = np.asarray(batch.index, dtype=np.int64)
+        return out
+
     with store.lock():
         store.drop_stale()
-        bar = progress_bar(len(batches), f"tokens {model.name}", progress)
-        for bi, idx in enumerate(batches):
-            for j, t in enumerate(idx):
-                where[int(t)] = (bi, j)
-            if store.get(bi) is not None:
-                bar.update(1)
-                continue
-            input_ids, mask = pad_batch(model, enc, idx)
-            lens = mask.sum(1).cpu().numpy()
-            got: dict[str, np.ndarray] = {}
-
-            def sink(label, h, _lens=lens):
-                hs = h.to(torch.float32).cpu().numpy()
-                got[f"h:{label}"] = np.concatenate([hs[j, : _lens[j]] for j in range(len(_lens))])
-
-            with model.capture(points, sink):
-                model.run_base(input_ids, mask)
-            for p in points:
-                check_finite(p, got[f"h:{p}"], dtype)
-            got["offsets"] = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-            got["index"] = np.asarray(idx, dtype=np.int64)
-            store.put(bi, got)
-            bar.update(1)
-        bar.close()
+        for _ in run_batches(model, enc, points, tokens, shard, batches=batches,
+                             store=store, progress=progress, desc=f"tokens {model.name}"):
+            pass
     return TokenActivations(
         folder=store.dir, layers=points, n_texts=len(ts), n_tokens=enc.lengths,
         model=model.name, settings=settings, _where=where,

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import time
 
-from ..experiments.dispersion import (
-    DEFAULT_CHUNK_LEN,
-    DEFAULT_GROUP_SIZE,
-    DEFAULT_MAX_GROUPS,
-)
+from ..experiments.dispersion import DEFAULT_GROUP_SIZE, DEFAULT_MAX_GROUPS
+from ..texts.chunks import DEFAULT_CHUNK_LEN
 from ._common import (
     add_model_args,
     add_run_args,
     add_texts_args,
     default_out,
-    load_model_from_args,
-    load_texts_from_args,
-    print_table,
+    model_options_from_args,
     progress_from_args,
+    text_options_from_args,
 )
 
 NAME = "dispersion"
@@ -76,133 +71,25 @@ def config_from_args(args):
 
 
 def run(args) -> int:
-    import pandas as pd
-
-    from .._io import write_json
-    from ..experiments.dispersion import (
-        attach_to_run,
-        config_dict,
-        correlation_rows,
-        measure_chunks,
-        plot_scatter,
-    )
+    from ..experiments.base import run_experiment
+    from ..experiments.dispersion import DispersionExperiment, attach_to_run
     from ..models.bundled import DEFAULT_MODEL
-    from ..report.html import write_report
-    from ..report.plots import plot_metric_by_layer
-    from ..results import table
-    from ..results.folder import prepare_out_dir, run_signature
-    from ..results.manifest import base_manifest, now
 
-    t_start = time.perf_counter()
-    progress = progress_from_args(args)
-    models = args.model or [DEFAULT_MODEL]
-    corpora = args.texts or ["builtin:wiki"]
-    config = config_from_args(args)
-    out = args.out or default_out("dispersion", models)
-    settings = {"models": models, "texts": corpora, "n": args.n, "revision": args.revision,
-                "dtype": args.dtype, "dispersion": config_dict(config),
-                "text_column": args.text_column, "label_column": args.label_column,
-                "split": args.split}
-    signature = run_signature(settings)
-    out_dir = prepare_out_dir(out, signature, overwrite=args.overwrite)
-    manifest = base_manifest("dispersion", settings, signature)
-    timings: dict[str, float] = {}
-
-    t = time.perf_counter()
-    textsets = {spec: load_texts_from_args(args, spec) for spec in corpora}
-    timings["texts_s"] = time.perf_counter() - t
-    rows, chunk_frames, measured, info = [], [], [], []
-    for spec in models:
-        t = time.perf_counter()
-        model = load_model_from_args(args, spec)
-        timings[f"load_s[{spec}]"] = time.perf_counter() - t
-        for cspec, ts in textsets.items():
-            m = measure_chunks(model, ts, texts_label=cspec, chunk_len=config.chunk_len,
-                               layers=config.layers, max_chunks=config.max_chunks,
-                               seed=config.seed, bos=config.bos, batch_size=config.batch_size,
-                               position_chunk=config.position_chunk, cache=not args.no_cache,
-                               progress=progress)
-            m.model = spec
-            timings[f"forward_s[{spec}|{cspec}]"] = m.timings["forward_s"]
-            rows.extend(correlation_rows(m, config, revision=args.revision or ""))
-            chunk_frames.append(m.to_frame(revision=args.revision or ""))
-            measured.append(m)
-            info.append({"model": spec, "texts": cspec, "n_texts": len(ts),
-                         "texts_hash": ts.hash, "n_document_tokens": m.chunks.n_document_tokens,
-                         "n_chunks_available": m.chunks.n_available, "n_chunks": len(m.chunks),
-                         "bos": m.chunks.bos, "separator_id": m.chunks.separator,
-                         "forward_key": m.key, "batches_cached": m.batches_cached})
-        manifest.setdefault("model_info", []).append(model.describe())
-        del model
-    df = table.frame(rows)
-    table.write_table(df, out_dir, "dispersion")
-    chunks = pd.concat(chunk_frames, ignore_index=True)
-    from .._io import atomic_path
-
-    with atomic_path(out_dir / "chunks.parquet") as tmp:
-        chunks.to_parquet(tmp, index=False)
-    plots = out_dir / "plots"
-    extra = plot_scatter(measured, config, plots)
-    extra += plot_metric_by_layer(df, ["corr_spearman", "corr_pearson"], plots,
-                                  "dispersion_correlation",
-                                  title="Correlation of dispersion with perplexity per layer",
-                                  zero_line=True)
-    manifest.update({
-        "models": models, "texts": corpora, "runs": info,
-        "group_size_used": config.group_size,
-        "seeds": {"chunk_sample": config.seed, "bootstrap": config.seed, "texts": args.seed},
-        "extra_plots": [str(p.relative_to(out_dir)) for p in extra],
-        "timings": timings, "finished": now(),
-    })
-    report = write_report(out_dir, df, manifest,
-                          title=f"lmgeom dispersion — {', '.join(models)} on {', '.join(corpora)}")
-    timings["total_s"] = time.perf_counter() - t_start
-    write_json(out_dir / "manifest.json", manifest)
-    attached = attach_to_run(args.attach, df) if args.attach else None
-
-    _print_summary(df, measured, config)
-    print(f"\nwrote {out_dir}/dispersion.parquet, dispersion.csv, chunks.parquet, manifest.json, "
+    models = tuple(args.model or [DEFAULT_MODEL])
+    corpora = tuple(args.texts or ["builtin:wiki"])
+    experiment = DispersionExperiment(
+        models=models, corpora=corpora, texts=text_options_from_args(args, corpora[0]),
+        model=model_options_from_args(args), dispersion=config_from_args(args),
+        cache=not args.no_cache)
+    args.out = args.out or default_out("dispersion", models)
+    run = run_experiment(experiment, args.out, overwrite=args.overwrite,
+                         progress=progress_from_args(args))
+    print(run.result.summary())
+    print(f"\nwrote {run.path}/dispersion.parquet, dispersion.csv, chunks.parquet, manifest.json, "
           "plots and the report:")
-    print(f"  {report.resolve()}")
-    if attached is not None:
+    print(f"  {run.report.resolve()}")
+    if args.attach:
+        attached = attach_to_run(args.attach, run.result.rows())
         print(f"attached to {args.attach}: {attached.resolve()}")
-    print(f"total {timings['total_s']:.1f} s")
+    print(f"total {run.folder.manifest['timings']['total_s']:.1f} s")
     return 0
-
-
-def _fmt(v, lo, hi) -> str:
-    import math
-
-    if not math.isfinite(v):
-        return "n/a"
-    if math.isfinite(lo) and math.isfinite(hi):
-        return f"{v:+.2f} [{lo:+.2f},{hi:+.2f}]"
-    return f"{v:+.2f}"
-
-
-def _print_summary(df, measured, config) -> None:
-    for m in measured:
-        s_chunk = f"texts={m.texts};level=chunk"
-        s_group = f"texts={m.texts};level=group;g={config.group_size}"
-        sub = df[(df.model == m.model)]
-        ppl = sub[(sub.metric == "perplexity") & (sub.setting == s_chunk)].iloc[0]
-        ng = int(sub[(sub.metric == "n_groups")].iloc[0].value) if (sub.metric == "n_groups").any() else 0
-        sub = sub[sub.setting.isin([s_chunk, s_group])]
-        print(f"\n{m.model} on {m.texts}: {len(m.perplexity)} chunks of {config.chunk_len} tokens "
-              f"(of {m.chunks.n_available}), perplexity {ppl.value:.4g}; groups: {ng} of "
-              f"g={config.group_size}")
-        out = []
-        for layer in m.layers:
-            r = sub[sub.layer == layer]
-
-            def get(metric, setting, r=r):
-                x = r[(r.metric == metric) & (r.setting == setting)]
-                return _fmt(*x[["value", "ci_low", "ci_high"]].iloc[0]) if len(x) else ""
-
-            d = r[(r.metric == "dispersion")]
-            out.append({"layer": layer, "dispersion": float(d.value.iloc[0]) if len(d) else float("nan"),
-                        "spearman chunk": get("corr_spearman", s_chunk),
-                        "pearson chunk": get("corr_pearson", s_chunk),
-                        "spearman group": get("corr_spearman", s_group),
-                        "pearson group": get("corr_pearson", s_group)})
-        print_table(out, floatfmt="{:.3f}")

@@ -4,26 +4,14 @@ dispersion-based choice of that point (``--select``)."""
 from __future__ import annotations
 
 import argparse
-import math
-import time
 
-from ..experiments.knnlm import (
-    DEFAULT_CANDIDATES,
-    DEFAULT_CHUNK_LEN,
-    DEFAULT_EVAL_FRACTION,
-    DEFAULT_MAX_EVAL_TOKENS,
-    DEFAULT_MAX_TRAIN_TOKENS,
-    DEFAULT_POINT,
-    DEFAULT_SELECT_TOKENS,
-    DEFAULT_TRAIN_TEXTS,
-)
-from ..lm.knnlm import DEFAULT_K, DEFAULT_LAMBDA, DEFAULT_LAMBDAS, DEFAULT_TEMPERATURE
+from ..experiments import knnlm as kx  # the experiment's defaults
+from ..lm import knnlm as kl  # the kNN-LM's defaults
 from ._common import (
     add_model_args,
     add_run_args,
     default_out,
-    load_model_from_args,
-    print_table,
+    model_options_from_args,
     progress_from_args,
 )
 
@@ -36,7 +24,7 @@ DESCRIPTION = (
     "neighbours, d = the squared L2 distance FAISS returns (--distance euclidean: its square "
     "root). One retrieval serves the whole --lambdas sweep. --point takes 30.attn_out, "
     "30.ffn_in, 30.ffn_out, 30 (residual after block 30, before the final norm), final (after "
-    f"it), last.ffn_in, ... (default {DEFAULT_POINT}: the input of the last FFN after its norm, "
+    f"it), last.ffn_in, ... (default {kx.DEFAULT_POINT}: the input of the last FFN after its norm, "
     "the key of the original kNN-LM). --select measures the token-level dispersion of every "
     "--candidates point on about --select-tokens training tokens, ranks them, evaluates the "
     "real kNN-LM for each (or the --top N) and reports whether the dispersion pick is the best. "
@@ -70,38 +58,38 @@ def _temperatures(s: str) -> tuple:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     g = p.add_argument_group("texts")
-    g.add_argument("--train-texts", default=DEFAULT_TRAIN_TEXTS, metavar="SPEC",
+    g.add_argument("--train-texts", default=kx.DEFAULT_TRAIN_TEXTS, metavar="SPEC",
                    help="corpus of the datastore: builtin:NAME, a file, or hf:NAME")
     g.add_argument("--eval-texts", default=None, metavar="SPEC",
                    help="held-out corpus to score (default: --eval-fraction of the training "
                         "texts, held out)")
-    g.add_argument("--eval-fraction", type=float, default=DEFAULT_EVAL_FRACTION,
+    g.add_argument("--eval-fraction", type=float, default=kx.DEFAULT_EVAL_FRACTION,
                    help="share of the training texts held out when no --eval-texts")
     g.add_argument("--n", type=int, default=None, help="texts per corpus (a seeded sample)")
-    g.add_argument("--chunk-len", type=int, default=DEFAULT_CHUNK_LEN, help="tokens per chunk")
-    g.add_argument("--max-train-tokens", type=int, default=DEFAULT_MAX_TRAIN_TOKENS,
+    g.add_argument("--chunk-len", type=int, default=kx.DEFAULT_CHUNK_LEN, help="tokens per chunk")
+    g.add_argument("--max-train-tokens", type=int, default=kx.DEFAULT_MAX_TRAIN_TOKENS,
                    help="datastore size (a seeded sample of chunks)")
-    g.add_argument("--max-eval-tokens", type=int, default=DEFAULT_MAX_EVAL_TOKENS,
+    g.add_argument("--max-eval-tokens", type=int, default=kx.DEFAULT_MAX_EVAL_TOKENS,
                    help="held-out tokens scored")
     g.add_argument("--bos", default="auto", choices=["auto", "on", "off"],
                    help="BOS before each chunk: auto = when the tokenizer prepends one")
     k = p.add_argument_group("kNN-LM")
-    k.add_argument("--point", default=DEFAULT_POINT,
+    k.add_argument("--point", default=kx.DEFAULT_POINT,
                    help="measurement point(s) of keys and queries, comma-separated")
     k.add_argument("--select", action="store_true",
                    help="rank --candidates by dispersion and check the ranking against the "
                         "measured kNN-LM perplexity")
-    k.add_argument("--candidates", default=DEFAULT_CANDIDATES, help="points compared by --select")
+    k.add_argument("--candidates", default=kx.DEFAULT_CANDIDATES, help="points compared by --select")
     k.add_argument("--top", type=int, default=None,
                    help="with --select: evaluate only the N highest-dispersion points")
-    k.add_argument("--select-tokens", type=int, default=DEFAULT_SELECT_TOKENS,
+    k.add_argument("--select-tokens", type=int, default=kx.DEFAULT_SELECT_TOKENS,
                    help="training tokens the dispersion is measured on")
-    k.add_argument("--k", type=int, default=DEFAULT_K, help="neighbours per query")
-    k.add_argument("--lambda", dest="lam", type=float, default=DEFAULT_LAMBDA,
+    k.add_argument("--k", type=int, default=kl.DEFAULT_K, help="neighbours per query")
+    k.add_argument("--lambda", dest="lam", type=float, default=kl.DEFAULT_LAMBDA,
                    help="interpolation weight of p_kNN (the headline setting)")
-    k.add_argument("--lambdas", type=_floats, default=DEFAULT_LAMBDAS,
+    k.add_argument("--lambdas", type=_floats, default=kl.DEFAULT_LAMBDAS,
                    help="lambda sweep computed from the same retrieval, comma-separated")
-    k.add_argument("--temperature", type=_temperature, default=DEFAULT_TEMPERATURE,
+    k.add_argument("--temperature", type=_temperature, default=kl.DEFAULT_TEMPERATURE,
                    help="T in exp(-d/T): a number, or auto = the median nearest-neighbour "
                         "distance of each point's queries (scale-free)")
     k.add_argument("--temperatures", type=_temperatures, default=(),
@@ -127,9 +115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args):
-    from ..experiments.knnlm import KnnConfig
-
-    return KnnConfig(point=args.point, select=args.select, candidates=args.candidates,
+    return kx.KnnConfig(point=args.point, select=args.select, candidates=args.candidates,
                      top=args.top, select_tokens=args.select_tokens, k=args.k, lam=args.lam,
                      lambdas=tuple(args.lambdas), temperature=args.temperature,
                      temperatures=tuple(args.temperatures),
@@ -140,112 +126,21 @@ def config_from_args(args):
                      batch_size=args.batch_size, bos=args.bos, seed=args.seed)
 
 
-def _show(point: str) -> str:
-    if point.isdigit():
-        return f"{point} (residual)"
-    return "final (post-norm)" if point == "final" else point
-
-
 def run(args) -> int:
-    from .._io import write_json
-    from ..experiments.knnlm import config_dict, knnlm_rows, plot_knnlm, run_knnlm
+    from ..experiments.base import run_experiment
+    from ..experiments.knnlm import KnnlmExperiment
     from ..lm.knnlm import require_faiss
-    from ..report.html import write_report
-    from ..results import table
-    from ..results.folder import prepare_out_dir, run_signature
-    from ..results.manifest import base_manifest, now
-    from ..texts import load_texts
 
-    t_start = time.perf_counter()
     require_faiss()
-    progress = progress_from_args(args)
-    config = config_from_args(args)
-    out = args.out or default_out("knnlm", args.model)
-    settings = {"model": args.model, "revision": args.revision, "dtype": args.dtype,
-                "train_texts": args.train_texts, "eval_texts": args.eval_texts, "n": args.n,
-                "knnlm": config_dict(config)}
-    signature = run_signature(settings)
-    out_dir = prepare_out_dir(out, signature, overwrite=args.overwrite)
-    manifest = base_manifest("knnlm", settings, signature)
-
-    t = time.perf_counter()
-    train = load_texts(args.train_texts, limit=args.n, seed=args.seed)
-    ev = load_texts(args.eval_texts, limit=args.n, seed=args.seed) if args.eval_texts else None
-    texts_s = time.perf_counter() - t
-    t = time.perf_counter()
-    model = load_model_from_args(args)
-    load_s = time.perf_counter() - t
-    res = run_knnlm(model, train, ev, config, train_label=args.train_texts,
-                    eval_label=args.eval_texts, cache=not args.no_cache,
-                    datastore_root=args.datastore_dir, threads=args.faiss_threads,
-                    progress=progress)
-    res.model = args.model
-    df = table.frame(knnlm_rows(res, revision=args.revision or ""))
-    table.write_table(df, out_dir, "knnlm")
-    figs = plot_knnlm(res, out_dir / "plots")
-    lam = config.lam
-    caption = (f"Held-out perplexity of the interpolated kNN-LM per measurement point (left) "
-               f"and the token-level dispersion of each point on the training corpus (right, "
-               f"red: the dispersion pick). At lambda={lam:g} the best point is {res.best}; "
-               f"dispersion picked {res.picked}.")
-    manifest.update({
-        "models": [args.model], "texts": [args.train_texts, args.eval_texts or "held out"],
-        "model_info": [model.describe()], "split": res.split, "corpora": res.info,
-        "points": list(res.points), "evaluated": list(res.evaluated),
-        "dispersion_ranking": list(res.ranking), "picked_by_dispersion": res.picked,
-        "best_by_perplexity": res.best, "selection_match": res.match,
-        "best_by_setting": res.best_by_setting,
-        "base_perplexity": res.base_perplexity,
-        "base_perplexity_lambda0": res.base_perplexity_lambda0,
-        "n_datastore_tokens": res.n_train_tokens, "n_eval_tokens": res.n_eval_tokens,
-        "datastores": res.datastores,
-        "distance": "squared L2 (FAISS IndexFlatL2/IVF output) used as d in exp(-d/T)"
-                    if config.distance == "sqeuclidean" else "L2 (square root of FAISS output)",
-        "seeds": {"split": config.seed, "chunks": config.seed, "dispersion_sample": config.seed,
-                  "index_training": config.seed, "texts": args.seed},
-        "timings": {"texts_s": texts_s, "load_s": load_s, **res.timings}, "finished": now(),
-    })
-    report = write_report(out_dir, df, manifest,
-                          title=f"lmgeom knnlm — {args.model} on {args.train_texts}",
-                          extra_figures=[("kNN-LM by measurement point", figs, caption)])
-    manifest["timings"]["total_s"] = time.perf_counter() - t_start
-    write_json(out_dir / "manifest.json", manifest)
-
-    print(f"{args.model}: datastore of {res.n_train_tokens} tokens from {args.train_texts}, "
-          f"{res.n_eval_tokens} held-out tokens ({res.split if res.split != 'given' else args.eval_texts})")
-    print(f"base LM perplexity {res.base_perplexity:.4f} (lambda=0 of the kNN-LM pass: "
-          f"{res.base_perplexity_lambda0:.4f})")
-    ev0 = next(iter(res.evals.values()))
-    print(f"k={ev0.k}, T={ev0.temperature_name}, d={config.distance} "
-          f"(FAISS squared L2{' as is' if config.distance == 'sqeuclidean' else ', square-rooted'}), "
-          f"index={ev0.index['kind']}; dispersion on {next(iter(res.dispersion.values())).n_tokens} "
-          "training tokens\n")
-    summary = res.summary()
-    for r in summary:
-        r["point"] = _show(r["point"])
-    print_table(summary, floatfmt="{:.4g}")
-    sweep = []
-    for p in res.evaluated:
-        ev_ = res.evals[p]
-        for tl, tv in ev_.temperatures.items():
-            sweep.append({"point": _show(p), "T": f"{tl} (={tv:.4g})" if tl == "auto" else tl,
-                          **{f"λ={lam_:g}": ev_.grid[(tl, lam_)] for lam_ in config.sweep}})
-    print()
-    print_table(sweep, floatfmt="{:.4g}")
-    if config.select or len(res.evaluated) > 1:
-        verdict = "matches" if res.match else "does NOT match"
-        gain = res.evals[res.best].perplexity[lam]
-        print(f"\ndispersion picks {res.picked}; the lowest kNN-LM perplexity at lambda={lam:g}, "
-              f"T={ev0.temperature_name} is {res.best} ({gain:.4g}): the dispersion choice "
-              f"{verdict} the best")
-        others = {k_: v for k_, v in res.best_by_setting.items()
-                  if k_ != f"T={ev0.temperature_name};lambda={lam:g}"}
-        if others:
-            print("best point at the other settings: " + "; ".join(
-                f"{k_}: {v}{' (= pick)' if v == res.picked else ''}" for k_, v in others.items()))
-    if not math.isfinite(res.base_perplexity):  # pragma: no cover - defensive
-        print("warning: base perplexity is not finite")
-    print(f"\nwrote {out_dir}/knnlm.parquet, knnlm.csv, manifest.json, plots and the report:")
-    print(f"  {report.resolve()}")
-    print(f"total {manifest['timings']['total_s']:.1f} s")
+    experiment = KnnlmExperiment(
+        spec=args.model, train_texts=args.train_texts, eval_texts=args.eval_texts, n=args.n,
+        texts_seed=args.seed, model=model_options_from_args(args), knnlm=config_from_args(args),
+        cache=not args.no_cache, datastore_dir=args.datastore_dir, threads=args.faiss_threads)
+    args.out = args.out or default_out("knnlm", args.model)
+    run = run_experiment(experiment, args.out, overwrite=args.overwrite,
+                         progress=progress_from_args(args))
+    print(run.result.summary())
+    print(f"\nwrote {run.path}/knnlm.parquet, knnlm.csv, manifest.json, plots and the report:")
+    print(f"  {run.report.resolve()}")
+    print(f"total {run.folder.manifest['timings']['total_s']:.1f} s")
     return 0

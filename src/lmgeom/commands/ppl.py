@@ -7,10 +7,9 @@ import argparse
 from ._common import (
     add_model_args,
     add_texts_args,
-    load_model_from_args,
-    load_texts_from_args,
-    print_table,
+    model_options_from_args,
     progress_from_args,
+    text_options_from_args,
 )
 
 NAME = "ppl"
@@ -43,45 +42,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
-
-    from .._io import atomic_path
-    from ..errors import ConfigError
     from ..lm.perplexity import perplexity
 
     progress = progress_from_args(args)
-    texts = load_texts_from_args(args)
-    model = load_model_from_args(args)
+    texts = text_options_from_args(args).load()
+    model = model_options_from_args(args).load(args.model)
     res = perplexity(model, texts, max_length=args.max_length, stride=args.stride,
                      batch_size=args.batch_size, position_chunk=args.position_chunk,
                      progress=progress)
-    df = res.to_frame()
-    mode = (f"sliding window {args.max_length}/{args.stride}" if args.stride
-            else f"max {args.max_length} tokens, {res.n_truncated} truncated")
-    print(f"{model.name} on {texts.source}: {len(res)} texts, {int(df.n_predicted.sum())} scored "
-          f"tokens ({mode}, {res.n_windows} model inputs)")
-    print(f"corpus perplexity {res.corpus_perplexity:.4g}   mean per text "
-          f"{res.mean_perplexity:.4g}   median {res.median_perplexity:.4g}")
-    k = max(0, int(args.show))
-    if k:
-        srt = df.sort_values("perplexity", kind="stable")
-        show = srt.tail(k).iloc[::-1] if len(srt) > k else srt.iloc[::-1]
-        print(f"\nhighest perplexity ({min(k, len(df))}):")
-        print_table(show[["id", "n_tokens", "perplexity"]].to_dict("records"))
-        if len(df) > k:
-            print(f"\nlowest perplexity ({k}):")
-            print_table(srt.head(k)[["id", "n_tokens", "perplexity"]].to_dict("records"))
+    print(res.summary(show=args.show))
     if args.out:
-        out = Path(args.out)
-        suffix = out.suffix.lower()
-        if suffix not in (".csv", ".parquet", ".jsonl"):
-            raise ConfigError(f"--out {out}: use a .csv, .parquet or .jsonl file name")
-        with atomic_path(out) as tmp:
-            if suffix == ".csv":
-                df.to_csv(tmp, index=False)
-            elif suffix == ".parquet":
-                df.to_parquet(tmp, index=False)
-            else:
-                df.to_json(tmp, orient="records", lines=True)
-        print(f"\nwrote {out}")
+        print(f"\nwrote {res.write(args.out)}")
     return 0

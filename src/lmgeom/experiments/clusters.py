@@ -40,12 +40,16 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import ConfigError, DataError, TextsError
+from ..models.bundled import DEFAULT_MODEL
 from ..results import table
+from .base import register, timed
+from .options import ModelOptions, TextOptions
 
 log = logging.getLogger(__name__)
 
@@ -337,3 +341,134 @@ def cluster_rows(states: list[ClusterStates], cset: ClusterSet, *, texts_label: 
 
 def config_dict(config: ClusterConfig) -> dict[str, Any]:
     return asdict(config)
+
+
+# ---------------------------------------------------------------------- the experiment
+@register
+@dataclass(frozen=True)
+class ClustersExperiment:
+    """``lmgeom clusters``: clusters found with the first model's tokenizer, every model's
+    within-cluster dispersion per layer.
+
+    Attributes:
+        models: model specs (the first is the reference tokenizer).
+        texts: which texts.
+        model: how models load.
+        clusters: the cluster rule and sampling settings.
+        cache: use the forward cache.
+    """
+
+    command: ClassVar[str] = "clusters"
+    table: ClassVar[str] = "clusters"
+
+    models: tuple[str, ...] = (DEFAULT_MODEL,)
+    texts: TextOptions = field(default_factory=lambda: TextOptions(spec="builtin:code", n=None))
+    model: ModelOptions = field(default_factory=ModelOptions)
+    clusters: ClusterConfig = field(default_factory=ClusterConfig)
+    cache: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ConfigError("give at least one model")
+        object.__setattr__(self, "models", tuple(self.models))
+
+    def settings(self) -> dict[str, Any]:
+        return {"models": list(self.models), "texts": self.texts.spec, "n": self.texts.n,
+                "dtype": self.model.dtype, "revision": self.model.revision,
+                "clusters": config_dict(self.clusters), "text_column": self.texts.text_column,
+                "label_column": self.texts.label_column, "split": self.texts.split}
+
+    def run(self, *, work_dir: str | Path | None = None,
+            progress: bool | None = None) -> ClustersResult:
+        config = self.clusters
+        timings: dict[str, float] = {}
+        texts = self.texts.load()
+        states, info = [], []
+        cset: ClusterSet | None = None
+        for spec in self.models:
+            with timed(timings, f"load_s[{spec}]"):
+                model = self.model.load(spec)
+            if cset is None:
+                with timed(timings, "find_clusters_s"):
+                    cset = find_clusters(model.tokenizer, texts, config, reference=spec)
+            st = cluster_states(model, cset, layers=config.layers, batch_size=config.batch_size,
+                                progress=progress, cache=self.cache)
+            st.model = spec
+            timings[f"forward_s[{spec}]"] = st.timings["forward_s"]
+            states.append(st)
+            info.append(model.describe())
+            del model
+        if cset is None:  # pragma: no cover - __post_init__ requires a model
+            raise ConfigError("give at least one model")
+        df = table.frame(cluster_rows(states, cset, texts_label=self.texts.spec,
+                                      revision=self.model.revision or ""))
+        return ClustersResult(self, df, cset, states, info, timings,
+                              {"source": texts.source, "n": len(texts), "hash": texts.hash})
+
+
+@dataclass
+class ClustersResult:
+    """The tidy table, the clusters and every model's per-layer cluster dispersions."""
+
+    config: ClustersExperiment
+    frame: Any
+    cset: ClusterSet
+    states: list[ClusterStates]
+    model_info: list[dict[str, Any]]
+    timings: dict[str, float]
+    texts: dict[str, Any]
+
+    def rows(self):
+        return self.frame
+
+    def manifest(self) -> dict[str, Any]:
+        cset, sizes = self.cset, self.cset.sizes
+        return {
+            "models": list(self.config.models), "texts": self.texts["source"],
+            "n_texts": self.texts["n"], "texts_hash": self.texts["hash"],
+            "reference_tokenizer": cset.reference, "n_candidates": cset.n_candidates,
+            "n_clusters_found": cset.n_found, "n_clusters_used": len(cset),
+            "n_contexts": int(sizes.sum()), "cluster_size_mean": float(sizes.mean()),
+            "examples": [{"continuation": c.continuation,
+                          "contexts": [x[-120:] for x in c.contexts[:3]]}
+                         for c in cset.clusters[:5]],
+            "model_info": self.model_info,
+            "seeds": {"texts": self.config.texts.seed,
+                      "sampling_and_bootstrap": self.config.clusters.seed},
+            "timings": dict(self.timings)}
+
+    def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
+        from ..report.figures_dispersion import plot_cluster_dispersion
+        from ..report.html import write_report
+
+        extra = plot_cluster_dispersion(self.frame, folder.plots)
+        manifest["extra_plots"] = [str(p.relative_to(folder.path)) for p in extra]
+        return write_report(folder.path, self.frame, manifest,
+                            title=f"lmgeom clusters — {', '.join(self.config.models)}")
+
+    def summary(self) -> str:
+        from ..results.console import format_table
+
+        df, cset, models = self.frame, self.cset, self.config.models
+        sizes = cset.sizes
+        lines = [(f"{self.texts['source']}: {cset.n_found} clusters found (reference "
+                  f"tokenizer {cset.reference}), {len(cset)} used, {int(sizes.sum())} contexts "
+                  f"(mean size {sizes.mean():.2f})")]
+        by: dict[str, dict[str, tuple]] = {}
+        cd = df[df.metric == "cluster_dispersion"]
+        for r in cd.itertuples():
+            by.setdefault(r.layer, {})[r.model] = (r.value, r.ci_low, r.ci_high)
+        rows = []
+        for lab in dict.fromkeys(cd.layer):
+            row = {"layer": lab}
+            for m in models:
+                v = by[lab].get(m)
+                row[m] = (f"{v[0]:.3f} [{v[1]:.3f},{v[2]:.3f}]" if v and np.isfinite(v[1])
+                          else (f"{v[0]:.3f}" if v else ""))
+            rows.append(row)
+        lines += ["\nwithin-cluster dispersion (size-weighted mean over clusters, 95 % CI):",
+                  format_table(rows)]
+        for r in df[df.metric == "cluster_dispersion_diff"].itertuples():
+            lines.append(f"\n{r.model} - {models[0]} at final: {r.value:+.3f} "
+                         f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}]")
+        return "\n".join(lines)

@@ -2,11 +2,9 @@
 
 Procedure, per model × corpus:
 
-1. **Document.** Every text is tokenized without special tokens and the texts are joined, in
-   corpus order, with the tokenizer's EOS id (else its SEP id, else nothing) between them.
-2. **Chunks.** The document is cut into consecutive chunks of exactly ``chunk_len`` tokens;
-   the incomplete tail is dropped. ``max_chunks`` keeps a seeded uniform sample of the chunks
-   (``numpy.random.default_rng(seed)``, without replacement, document order kept).
+1. **Document** and 2. **Chunks**: :func:`lmgeom.texts.chunks.make_chunks` (texts joined
+   with the tokenizer's EOS, cut into chunks of exactly ``chunk_len`` tokens, a seeded sample
+   of ``max_chunks``).
 3. **BOS.** With ``bos="auto"`` (default) a BOS token is put in front of each chunk when the
    tokenizer prepends one to ordinary input (Gemma does, SmolLM2 does not), so the model sees
    inputs like the ones it was trained on. The BOS position is left out of the dispersion.
@@ -39,50 +37,30 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
+import pandas as pd
 
-from ..errors import ConfigError, TextsError
+from ..errors import ConfigError
+from ..metrics.dispersion import group_means, token_dispersion
+from ..metrics.uncertainty import correlation_interval, mean_interval
+from ..models.bundled import DEFAULT_MODEL
 from ..results import table
+from ..texts.chunks import BOS_CHOICES, DEFAULT_CHUNK_LEN, Chunks, make_chunks
+from .base import register, timed
+from .options import ModelOptions, TextOptions
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CHUNK_LEN = 512
 DEFAULT_GROUP_SIZE = 10
 DEFAULT_MAX_GROUPS = 100
-BOS_CHOICES = ("auto", "on", "off")
+DEFAULT_TEXTS = "builtin:wiki"
 
 
 # ---------------------------------------------------------------------- reducers
-def _metrics():
-    # lazy: lmgeom.metrics is written in parallel; it owns the dispersion definition
-    from .. import metrics
-
-    return metrics
-
-
-def token_dispersion(h, mask):
-    """Reducer: per row, the dispersion of its masked token states.
-
-    Args:
-        h: ``(B, T, d)`` tensor of one point.
-        mask: ``(B, T)`` bool tensor of the positions that count.
-
-    Returns:
-        ``(B,)`` float64 numpy array; NaN for a row with fewer than 2 positions.
-    """
-    disp = _metrics().dispersion
-    out = np.full(h.shape[0], np.nan, dtype=np.float64)
-    for b in range(h.shape[0]):
-        rows = h[b][mask[b]]
-        if rows.shape[0] >= 2:
-            out[b] = float(disp(rows.double()))
-    return out
-
-
 def last_state(h, mask):
     """Reducer: per row, the state at its last masked position, ``(B, d)`` float32."""
     import torch
@@ -93,114 +71,6 @@ def last_state(h, mask):
     if (last < 0).any():
         raise ConfigError("a row has no position to take its last state from")
     return h[torch.arange(h.shape[0], device=h.device), last].float()
-
-
-# ---------------------------------------------------------------------- chunks
-@dataclass(frozen=True)
-class Chunks:
-    """Fixed-length token chunks of one corpus, as fed to the model.
-
-    Attributes:
-        tokens: ``(N, chunk_len + bos)`` int64 model inputs (BOS first when ``bos``).
-        index: ``(N,)`` position of each chunk among the document's complete chunks.
-        start: ``(N,)`` token offset of each chunk in the document.
-        n_available: complete chunks in the document (before ``max_chunks``).
-        n_document_tokens: tokens in the joined document.
-        chunk_len: tokens per chunk (without BOS).
-        bos: whether a BOS was prepended.
-        separator: token id put between texts (None: none).
-    """
-
-    tokens: np.ndarray
-    index: np.ndarray
-    start: np.ndarray
-    n_available: int
-    n_document_tokens: int
-    chunk_len: int
-    bos: bool
-    separator: int | None
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
-
-
-def resolve_bos(model, bos: str | bool | None) -> bool:
-    """``auto`` → whether the tokenizer prepends a BOS; ``on``/``off`` as given."""
-    if bos in (None, "auto"):
-        return bool(model.bos_prepended)
-    if bos in (True, "on"):
-        if model.tokenizer.bos_token_id is None:
-            raise ConfigError(f"--bos on: the tokenizer of {model.name} has no BOS token")
-        return True
-    if bos in (False, "off"):
-        return False
-    raise ConfigError(f"bos must be one of {', '.join(BOS_CHOICES)}, got {bos!r}")
-
-
-def separator_id(tokenizer) -> int | None:
-    """The id joining texts in the document: EOS, else SEP, else None."""
-    for name in ("eos_token_id", "sep_token_id"):
-        v = getattr(tokenizer, name, None)
-        if isinstance(v, int):
-            return v
-    return None
-
-
-def document_tokens(model, texts) -> tuple[np.ndarray, int | None]:
-    """All texts tokenized without special tokens, joined with the separator: ``(n,)`` ids."""
-    tok = model.tokenizer
-    enc = tok(list(texts), add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
-    sep = separator_id(tok)
-    parts: list[np.ndarray] = []
-    for i, row in enumerate(enc):
-        if i and sep is not None:
-            parts.append(np.array([sep], dtype=np.int64))
-        parts.append(np.asarray(row, dtype=np.int64))
-    doc = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    return doc, sep
-
-
-def make_chunks(
-    model,
-    texts,
-    chunk_len: int = DEFAULT_CHUNK_LEN,
-    *,
-    max_chunks: int | None = None,
-    seed: int = 0,
-    bos: str | bool | None = "auto",
-) -> Chunks:
-    """Cut a corpus into fixed-length token chunks (see the module docstring).
-
-    Raises:
-        TextsError: the corpus has fewer than ``chunk_len`` tokens.
-        ConfigError: ``chunk_len < 2`` or ``max_chunks < 1``.
-    """
-    from ..texts import as_textset
-
-    if chunk_len < 2:
-        raise ConfigError(f"chunk_len must be at least 2 tokens, got {chunk_len}")
-    if max_chunks is not None and max_chunks < 1:
-        raise ConfigError(f"max_chunks must be >= 1 (or None for all), got {max_chunks}")
-    ts = as_textset(texts)
-    doc, sep = document_tokens(model, ts.texts)
-    n_avail = len(doc) // chunk_len
-    if n_avail == 0:
-        raise TextsError(
-            f"the corpus has {len(doc)} tokens, fewer than one chunk of {chunk_len}; use a "
-            "larger corpus or a smaller --chunk-len"
-        )
-    idx = np.arange(n_avail)
-    if max_chunks is not None and n_avail > max_chunks:
-        idx = np.sort(np.random.default_rng(seed).choice(n_avail, size=max_chunks, replace=False))
-    toks = doc[: n_avail * chunk_len].reshape(n_avail, chunk_len)[idx]
-    use_bos = resolve_bos(model, bos)
-    if use_bos:
-        b = np.full((len(idx), 1), int(model.tokenizer.bos_token_id), dtype=np.int64)
-        toks = np.concatenate([b, toks], axis=1)
-    return Chunks(tokens=np.ascontiguousarray(toks), index=idx.astype(np.int64),
-                  start=(idx * chunk_len).astype(np.int64), n_available=int(n_avail),
-                  n_document_tokens=len(doc), chunk_len=int(chunk_len), bos=use_bos,
-                  separator=sep)
 
 
 # ---------------------------------------------------------------------- measurements
@@ -296,72 +166,6 @@ def measure_chunks(
     )
 
 
-# ---------------------------------------------------------------------- statistics
-def group_means(
-    dispersion: np.ndarray,
-    perplexity: np.ndarray,
-    group_size: int = DEFAULT_GROUP_SIZE,
-    max_groups: int = DEFAULT_MAX_GROUPS,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sort chunks by perplexity, cut into groups of ``group_size``, return group means.
-
-    Args:
-        dispersion: ``(N,)`` or ``(n_layers, N)``.
-        perplexity: ``(N,)``.
-        group_size: chunks per group; the incomplete last group (highest perplexities) is
-            dropped.
-        max_groups: keep at most this many groups, evenly spread over the perplexity ranks.
-
-    Returns:
-        ``(group_dispersion (..., G), group_perplexity (G,), kept_group_ids (G,))``.
-    """
-    if group_size < 1:
-        raise ConfigError(f"group_size must be >= 1, got {group_size}")
-    if max_groups < 1:
-        raise ConfigError(f"max_groups must be >= 1, got {max_groups}")
-    ppl = np.asarray(perplexity, dtype=np.float64)
-    disp = np.asarray(dispersion, dtype=np.float64)
-    order = np.argsort(ppl, kind="stable")
-    n_full = len(ppl) // group_size
-    gid = np.arange(n_full)
-    if n_full > max_groups:
-        gid = np.unique(np.round(np.linspace(0, n_full - 1, max_groups)).astype(np.int64))
-    members = order[: n_full * group_size].reshape(n_full, group_size)[gid]  # (G, g)
-    return disp[..., members].mean(-1), ppl[members].mean(-1), gid
-
-
-def _triplet(res) -> tuple[float, float, float]:
-    """(value, ci_low, ci_high) of a :class:`~lmgeom.metrics.CorrelationResult` (``r``) or
-    :class:`~lmgeom.metrics.BootstrapResult` (``estimate``)."""
-    value = res.r if hasattr(res, "r") else res.estimate
-    return float(value), float(res.low), float(res.high)
-
-
-def correlation(x, y, method: str, n_boot: int, seed: int) -> tuple[float, float, float]:
-    """Spearman / Pearson with a bootstrap CI via :func:`lmgeom.metrics.correlation_with_ci`;
-    NaN when fewer than 3 finite pairs or a constant side."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return math.nan, math.nan, math.nan
-    return _triplet(_metrics().correlation_with_ci(x, y, method=method, n_boot=n_boot, seed=seed))
-
-
-def mean_ci(x, n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float, float]:
-    """Mean with a bootstrap CI via :func:`lmgeom.metrics.bootstrap_ci`."""
-    x = np.asarray(x, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    if len(x) == 0:
-        return math.nan, math.nan, math.nan
-    if len(x) < 2:
-        return float(x.mean()), math.nan, math.nan
-    res = _metrics().bootstrap_ci(x, np.mean, n_boot=n_boot, level=level, seed=seed)
-    v, lo, hi = _triplet(res)
-    return float(x.mean()) if not np.isfinite(v) else v, lo, hi
-
-
 @dataclass(frozen=True)
 class DispersionConfig:
     """Settings of a dispersion-vs-perplexity run (all recorded in the manifest)."""
@@ -402,22 +206,22 @@ def correlation_rows(meas: ChunkMeasurements, config: DispersionConfig, *,
     base = {"model": meas.model, "revision": revision}
     for li, (layer, lidx) in enumerate(zip(meas.layers, meas.layer_index)):
         at = {**base, "layer": layer, "layer_index": lidx, "depth": lidx / L1}
-        v, lo, hi = mean_ci(meas.dispersion[li], config.n_boot, seed)
+        v, lo, hi = mean_interval(meas.dispersion[li], config.n_boot, seed)
         rows.append(table.row(**at, metric="dispersion", setting=s_chunk, value=v, ci_low=lo,
                               ci_high=hi, seed=seed, n=n))
         for method in ("spearman", "pearson"):
-            v, lo, hi = correlation(meas.dispersion[li], meas.perplexity, method,
+            v, lo, hi = correlation_interval(meas.dispersion[li], meas.perplexity, method,
                                     config.n_boot, seed)
             rows.append(table.row(**at, metric=f"corr_{method}", setting=s_chunk, value=v,
                                   ci_low=lo, ci_high=hi, seed=seed, n=n))
             if n_groups >= 3:
-                v, lo, hi = correlation(gd[li], gp, method, config.n_boot, seed)
+                v, lo, hi = correlation_interval(gd[li], gp, method, config.n_boot, seed)
             else:
                 v = lo = hi = math.nan
             rows.append(table.row(**at, metric=f"corr_{method}", setting=s_group, value=v,
                                   ci_low=lo, ci_high=hi, seed=seed, n=n_groups))
     # corpus perplexity of the chunks: exp(mean NLL), CI by bootstrap of the mean NLL
-    v, lo, hi = mean_ci(meas.mean_nll, config.n_boot, seed)
+    v, lo, hi = mean_interval(meas.mean_nll, config.n_boot, seed)
     rows.append(table.row(**base, metric="perplexity", setting=s_chunk, value=math.exp(v),
                           ci_low=math.exp(lo) if np.isfinite(lo) else math.nan,
                           ci_high=math.exp(hi) if np.isfinite(hi) else math.nan, seed=seed, n=n))
@@ -433,71 +237,6 @@ def correlation_rows(meas: ChunkMeasurements, config: DispersionConfig, *,
 
 def config_dict(config: DispersionConfig) -> dict[str, Any]:
     return asdict(config)
-
-
-# ---------------------------------------------------------------------- plots
-def scatter_layers(m: ChunkMeasurements, layers: Sequence[str] | None = None) -> list[str]:
-    """Layers drawn in the scatter: the given ones that were measured, else the last block
-    ``L`` (pre-norm) and ``final`` (post-norm) when measured, else the last requested."""
-    if layers:
-        got = [lab for lab in layers if lab in m.layers]
-        if got:
-            return got
-    got = [lab for lab in (str(m.n_blocks), "final") if lab in m.layers]
-    return got or [m.layers[-1]]
-
-
-def plot_scatter(measurements: list[ChunkMeasurements], config: DispersionConfig, out_dir,
-                 stem: str = "dispersion_scatter", layers: Sequence[str] | None = None) -> list:
-    """Dispersion vs perplexity at the last layer(s) (:func:`scatter_layers`): chunk-level
-    points and perplexity-sorted group means; one row per model × corpus, one panel per layer."""
-    if not measurements:
-        return []
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    from ..report.plots import save_figure
-
-    per = [scatter_layers(m, layers) for m in measurements]
-    cols = max(len(p) for p in per)
-    rws = len(measurements)
-    fig, axes = plt.subplots(rws, cols, figsize=(4.3 * cols, 3.3 * rws), squeeze=False)
-    for r, (m, labs) in enumerate(zip(measurements, per)):
-        for c in range(cols):
-            ax = axes[r, c]
-            if c >= len(labs):
-                ax.set_visible(False)
-                continue
-            lab = labs[c]
-            li = m.layers.index(lab)
-            ax.scatter(m.perplexity, m.dispersion[li], s=6, alpha=0.35, color="#1f77b4",
-                       label=f"chunks (n={len(m.perplexity)})")
-            gd, gp, _ = group_means(m.dispersion[li], m.perplexity, config.group_size,
-                                    config.max_groups)
-            if len(gp):
-                ax.plot(gp, gd, "o-", ms=3.5, lw=1.0, color="#d62728",
-                        label=f"group means (g={config.group_size}, {len(gp)} groups)")
-            lo_p, hi_p = np.nanmin(m.perplexity), np.nanmax(m.perplexity)
-            if lo_p > 0 and hi_p / lo_p > 5:
-                ax.set_xscale("log")
-                ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-                ax.xaxis.set_minor_formatter(NullFormatter())
-                ax.set_xlabel("perplexity (log scale)")
-            else:
-                ax.set_xlabel("perplexity")
-            ax.set_ylabel(f"dispersion, layer {lab}")
-            ax.set_title(f"{m.model} — {m.texts} — layer {lab}", fontsize=8.5)
-            ax.legend(fontsize=7, loc="best")
-            ax.grid(alpha=0.25)
-    fig.suptitle(f"Dispersion vs perplexity ({config.chunk_len}-token chunks)", fontsize=10.5)
-    fig.tight_layout()
-    paths = save_figure(fig, out_dir, stem)
-    plt.close(fig)
-    return paths
 
 
 # ---------------------------------------------------------------------- analyze integration
@@ -555,3 +294,158 @@ def attach_to_run(run_dir, df, stem: str = "dispersion", *, title: str | None = 
     manifest = {**manifest, "attached": sorted(
         s for s in RESULT_TABLES if (run / f"{s}.parquet").is_file())}
     return write_report(run, pd.concat(frames, ignore_index=True), manifest, title=title)
+
+
+# ---------------------------------------------------------------------- the experiment
+@register
+@dataclass(frozen=True)
+class DispersionExperiment:
+    """``lmgeom dispersion``: every model × corpus, chunked, one forward per batch of chunks.
+
+    Attributes:
+        models: model specs.
+        corpora: text specs (each gets its own ``texts=SPEC`` setting).
+        texts: how each corpus is read (``n``, seed, columns; its ``spec`` is not used).
+        model: how models load.
+        dispersion: the measurement and statistics settings.
+        cache: use the forward cache (``$LMGEOM_CACHE/forward``).
+    """
+
+    command: ClassVar[str] = "dispersion"
+    table: ClassVar[str] = "dispersion"
+
+    models: tuple[str, ...] = (DEFAULT_MODEL,)
+    corpora: tuple[str, ...] = (DEFAULT_TEXTS,)
+    texts: TextOptions = field(default_factory=lambda: TextOptions(spec=DEFAULT_TEXTS, n=None))
+    model: ModelOptions = field(default_factory=ModelOptions)
+    dispersion: DispersionConfig = field(default_factory=DispersionConfig)
+    cache: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.models or not self.corpora:
+            raise ConfigError("give at least one model and one corpus")
+        object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "corpora", tuple(self.corpora))
+
+    def settings(self) -> dict[str, Any]:
+        return {"models": list(self.models), "texts": list(self.corpora), "n": self.texts.n,
+                "revision": self.model.revision, "dtype": self.model.dtype,
+                "dispersion": config_dict(self.dispersion),
+                "text_column": self.texts.text_column, "label_column": self.texts.label_column,
+                "split": self.texts.split}
+
+    def run(self, *, work_dir: str | Path | None = None,
+            progress: bool | None = None) -> DispersionResult:
+        cfg = self.dispersion
+        revision = self.model.revision or ""
+        timings: dict[str, float] = {}
+        with timed(timings, "texts_s"):
+            textsets = {spec: self.texts.load(spec) for spec in self.corpora}
+        rows, frames, measured, info, model_info = [], [], [], [], []
+        for spec in self.models:
+            with timed(timings, f"load_s[{spec}]"):
+                model = self.model.load(spec)
+            for cspec, ts in textsets.items():
+                m = measure_chunks(model, ts, texts_label=cspec, chunk_len=cfg.chunk_len,
+                                   layers=cfg.layers, max_chunks=cfg.max_chunks, seed=cfg.seed,
+                                   bos=cfg.bos, batch_size=cfg.batch_size,
+                                   position_chunk=cfg.position_chunk, cache=self.cache,
+                                   progress=progress)
+                m.model = spec
+                timings[f"forward_s[{spec}|{cspec}]"] = m.timings["forward_s"]
+                rows.extend(correlation_rows(m, cfg, revision=revision))
+                frames.append(m.to_frame(revision=revision))
+                measured.append(m)
+                info.append({"model": spec, "texts": cspec, "n_texts": len(ts),
+                             "texts_hash": ts.hash,
+                             "n_document_tokens": m.chunks.n_document_tokens,
+                             "n_chunks_available": m.chunks.n_available,
+                             "n_chunks": len(m.chunks), "bos": m.chunks.bos,
+                             "separator_id": m.chunks.separator, "forward_key": m.key,
+                             "batches_cached": m.batches_cached})
+            model_info.append(model.describe())
+            del model
+        return DispersionResult(self, table.frame(rows), pd.concat(frames, ignore_index=True),
+                                measured, info, model_info, timings)
+
+
+@dataclass
+class DispersionResult:
+    """The tidy table, the per-chunk table (``chunks.parquet``) and the measurements."""
+
+    config: DispersionExperiment
+    frame: pd.DataFrame
+    chunks: pd.DataFrame
+    measured: list[ChunkMeasurements]
+    runs: list[dict[str, Any]]
+    model_info: list[dict[str, Any]]
+    timings: dict[str, float]
+
+    def rows(self) -> pd.DataFrame:
+        return self.frame
+
+    def manifest(self) -> dict[str, Any]:
+        c = self.config
+        return {"model_info": self.model_info, "models": list(c.models),
+                "texts": list(c.corpora), "runs": self.runs,
+                "group_size_used": c.dispersion.group_size,
+                "seeds": {"chunk_sample": c.dispersion.seed, "bootstrap": c.dispersion.seed,
+                          "texts": c.texts.seed},
+                "timings": dict(self.timings)}
+
+    def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
+        """``chunks.parquet``, the scatter and correlation plots, and ``report.html``."""
+        from .._io import atomic_path
+        from ..report.figures_dispersion import plot_dispersion_correlation, plot_scatter
+        from ..report.html import write_report
+
+        with atomic_path(folder.path / "chunks.parquet") as tmp:
+            self.chunks.to_parquet(tmp, index=False)
+        extra = plot_scatter(self.measured, self.config.dispersion, folder.plots)
+        extra += plot_dispersion_correlation(self.frame, folder.plots)
+        manifest["extra_plots"] = [str(p.relative_to(folder.path)) for p in extra]
+        c = self.config
+        return write_report(folder.path, self.frame, manifest,
+                            title=f"lmgeom dispersion — {', '.join(c.models)} on "
+                                  f"{', '.join(c.corpora)}")
+
+    def summary(self) -> str:
+        from ..results.console import format_table
+
+        cfg, df, parts = self.config.dispersion, self.frame, []
+        for m in self.measured:
+            s_chunk = f"texts={m.texts};level=chunk"
+            s_group = f"texts={m.texts};level=group;g={cfg.group_size}"
+            sub = df[(df.model == m.model)]
+            ppl = sub[(sub.metric == "perplexity") & (sub.setting == s_chunk)].iloc[0]
+            ng = (int(sub[(sub.metric == "n_groups")].iloc[0].value)
+                  if (sub.metric == "n_groups").any() else 0)
+            sub = sub[sub.setting.isin([s_chunk, s_group])]
+            parts.append(f"\n{m.model} on {m.texts}: {len(m.perplexity)} chunks of "
+                         f"{cfg.chunk_len} tokens (of {m.chunks.n_available}), perplexity "
+                         f"{ppl.value:.4g}; groups: {ng} of g={cfg.group_size}")
+            out = []
+            for layer in m.layers:
+                r = sub[sub.layer == layer]
+
+                def get(metric, setting, r=r):
+                    x = r[(r.metric == metric) & (r.setting == setting)]
+                    return _fmt(*x[["value", "ci_low", "ci_high"]].iloc[0]) if len(x) else ""
+
+                d = r[(r.metric == "dispersion")]
+                out.append({"layer": layer,
+                            "dispersion": float(d.value.iloc[0]) if len(d) else float("nan"),
+                            "spearman chunk": get("corr_spearman", s_chunk),
+                            "pearson chunk": get("corr_pearson", s_chunk),
+                            "spearman group": get("corr_spearman", s_group),
+                            "pearson group": get("corr_pearson", s_group)})
+            parts.append(format_table(out, floatfmt="{:.3f}"))
+        return "\n".join(parts)
+
+
+def _fmt(v, lo, hi) -> str:
+    if not math.isfinite(v):
+        return "n/a"
+    if math.isfinite(lo) and math.isfinite(hi):
+        return f"{v:+.2f} [{lo:+.2f},{hi:+.2f}]"
+    return f"{v:+.2f}"

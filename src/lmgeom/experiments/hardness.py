@@ -28,13 +28,18 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import ConfigError, DataError
+from ..metrics.dispersion import token_dispersion
+from ..metrics.uncertainty import correlation_interval, quantile_overlap
+from ..models.bundled import DEFAULT_MODEL
 from ..results import table
-from .dispersion import correlation, token_dispersion
+from .base import register
+from .options import ModelOptions, TextOptions
 
 log = logging.getLogger(__name__)
 
@@ -98,29 +103,6 @@ class HardnessResult:
         return float((1 + np.sum(self.null >= self.overlap - 1e-12)) / (1 + len(self.null)))
 
 
-def quantile_overlap(dispersion: np.ndarray, perplexity: np.ndarray, quantile: float = 0.1,
-                     *, n_perm: int = 1000, seed: int = 0) -> tuple[float, np.ndarray, int]:
-    """Share of the top-``quantile`` perplexity texts among the lowest-``quantile`` dispersion
-    texts, and the same share for ``n_perm`` seeded random rankings.
-
-    Returns:
-        ``(observed, null (n_perm,), k)``.
-    """
-    d = np.asarray(dispersion, dtype=np.float64)
-    p = np.asarray(perplexity, dtype=np.float64)
-    n = len(d)
-    if n < 2:
-        raise DataError(f"need at least 2 texts to rank, got {n}")
-    k = max(1, round(quantile * n))
-    top_ppl = np.zeros(n, dtype=bool)
-    top_ppl[np.argsort(-p, kind="stable")[:k]] = True
-    low_disp = np.argsort(d, kind="stable")[:k]
-    observed = float(top_ppl[low_disp].mean())
-    rng = np.random.default_rng(seed)
-    null = np.array([top_ppl[rng.permutation(n)[:k]].mean() for _ in range(n_perm)])
-    return observed, null, k
-
-
 def _snippet(text: str, n: int = SNIPPET_CHARS) -> str:
     s = " ".join(text.split())
     return s if len(s) <= n else s[: n - 1] + "…"
@@ -169,7 +151,7 @@ def rank_hardness(model, texts, config: HardnessConfig | None = None, *,
         "n_tokens": enc.lengths,
         "snippet": [_snippet(t) for t in ts.texts],
     }).sort_values(["rank"], na_position="last", kind="stable").reset_index(drop=True)
-    rho = correlation(disp[ok], ppl[ok], "spearman", config.n_boot, config.seed)
+    rho = correlation_interval(disp[ok], ppl[ok], "spearman", config.n_boot, config.seed)
     obs, null, k = quantile_overlap(disp[ok], ppl[ok], config.quantile, n_perm=config.n_perm,
                                     seed=config.seed)
     return HardnessResult(
@@ -202,3 +184,104 @@ def hardness_rows(res: HardnessResult, *, model: str, texts_label: str, config: 
                   value=float(np.nanmean(rk["dispersion"].to_numpy(float))), n=res.n),
         table.row(**base, metric="perplexity", setting=s, value=res.corpus_perplexity, n=res.n),
     ]
+
+
+# ---------------------------------------------------------------------- the experiment
+@register
+@dataclass(frozen=True)
+class HardnessExperiment:
+    """``lmgeom hardness``: one model, one text set, ranked by dispersion.
+
+    Attributes:
+        spec: the model spec.
+        texts: which texts.
+        model: how the model loads.
+        hardness: the ranking and evaluation settings.
+        cache: use the forward cache.
+    """
+
+    command: ClassVar[str] = "hardness"
+    table: ClassVar[str] = "hardness"
+
+    spec: str = DEFAULT_MODEL
+    texts: TextOptions = field(default_factory=lambda: TextOptions(spec="builtin:domains",
+                                                                   n=500))
+    model: ModelOptions = field(default_factory=ModelOptions)
+    hardness: HardnessConfig = field(default_factory=HardnessConfig)
+    cache: bool = True
+
+    def settings(self) -> dict[str, Any]:
+        return {"model": self.spec, "texts": self.texts.spec, "n": self.texts.n,
+                "dtype": self.model.dtype, "revision": self.model.revision,
+                "hardness": asdict(self.hardness), "text_column": self.texts.text_column,
+                "label_column": self.texts.label_column, "split": self.texts.split}
+
+    def run(self, *, work_dir: str | Path | None = None,
+            progress: bool | None = None) -> HardnessRun:
+        t0 = time.perf_counter()
+        texts = self.texts.load()
+        model = self.model.load(self.spec)
+        res = rank_hardness(model, texts, self.hardness, progress=progress, cache=self.cache)
+        rows = hardness_rows(res, model=self.spec, texts_label=self.texts.spec,
+                             config=self.hardness, revision=self.model.revision or "")
+        info = {"source": texts.source, "n": len(texts), "hash": texts.hash,
+                "model_info": model.describe(), "run_s": time.perf_counter() - t0}
+        return HardnessRun(self, table.frame(rows), res, info)
+
+
+@dataclass
+class HardnessRun:
+    """The model-level tidy rows, the ranking (``hardness.csv``) and its evaluation."""
+
+    config: HardnessExperiment
+    frame: Any
+    result: HardnessResult
+    info: dict[str, Any]
+
+    def rows(self):
+        return self.frame
+
+    def manifest(self) -> dict[str, Any]:
+        res, c = self.result, self.config
+        return {"models": [c.spec], "texts": self.info["source"], "n_texts": self.info["n"],
+                "texts_hash": self.info["hash"], "layer": res.layer, "n_ranked": res.n,
+                "n_skipped": res.n_skipped, "k": res.k, "model_info": self.info["model_info"],
+                "seeds": {"texts": c.texts.seed, "bootstrap": c.hardness.seed,
+                          "permutation": c.hardness.seed},
+                "timings": {"forward_s": res.settings["forward_s"]}}
+
+    def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
+        """``hardness.csv`` (the per-text ranking, replacing the tidy csv) and the report."""
+        from .._io import atomic_path
+        from ..report.html import write_report
+
+        with atomic_path(folder.path / "hardness.csv") as tmp:
+            self.result.ranking.to_csv(tmp, index=False)
+        return write_report(folder.path, self.frame, manifest,
+                            title=f"lmgeom hardness — {self.config.spec}")
+
+    def summary(self, show: int = 10) -> str:
+        from ..results.console import format_table
+
+        res, q = self.result, self.config.hardness.quantile
+        r, (lo, hi) = res.spearman, res.null_interval
+        short = f", {res.n_skipped} too short" if res.n_skipped else ""
+        head = (f"{self.config.spec} on {self.info['source']}: {res.n} texts ranked by "
+                f"dispersion at layer {res.layer} (low first){short}; corpus perplexity "
+                f"{res.corpus_perplexity:.4g}")
+        rho = (f"Spearman(dispersion, perplexity) = {r[0]:+.3f}  95 % CI [{r[1]:+.3f}, "
+               f"{r[2]:+.3f}]")
+        top = (f"top-perplexity {q:.0%} (k={res.k}) found in the lowest-dispersion {q:.0%}: "
+               f"{res.overlap:.1%}  (random ranking {res.null_mean:.1%}, 95 % [{lo:.1%}, "
+               f"{hi:.1%}], p = {res.p_value:.3g})")
+        lines = [head, rho, top]
+        k = max(0, show)
+        if k:
+            rk = res.ranking
+            cols = ["rank", "id", "dispersion", "perplexity", "snippet"]
+            lines += [f"\nlowest dispersion (predicted hardest), {min(k, len(rk))}:",
+                      format_table(rk.head(k)[cols].to_dict("records")),
+                      "\nhighest dispersion:",
+                      format_table(rk[rk["rank"].notna()].tail(k)[cols].iloc[::-1]
+                                   .to_dict("records"))]
+        return "\n".join(lines)

@@ -7,7 +7,7 @@ Procedure, for one model:
    ``eval_fraction`` of its texts (``numpy.random.default_rng(seed)``) is held out, the rest
    is the training corpus, so no evaluated passage is in the datastore.
 2. **Chunks.** Each corpus becomes fixed-length token chunks exactly as in
-   :func:`lmgeom.experiments.dispersion.make_chunks` (texts joined by EOS, chunks of
+   :func:`lmgeom.texts.chunks.make_chunks` (texts joined by EOS, chunks of
    ``chunk_len`` tokens, BOS in front when the tokenizer adds one, a seeded sample of
    ``max_train_tokens // chunk_len`` resp. ``max_eval_tokens // chunk_len`` chunks).
 3. **Dispersion of each candidate point** (the label-free part; with ``select``): a seeded
@@ -43,7 +43,8 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -57,7 +58,12 @@ from ..lm.knnlm import (
     IndexSpec,
     KnnEval,
 )
+from ..metrics.dispersion import token_dispersion
+from ..models.bundled import DEFAULT_MODEL
 from ..results import table
+from ..texts.chunks import make_chunks
+from .base import register
+from .options import ModelOptions, TextOptions
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +214,6 @@ def measure_point_dispersion(model, chunks, points, *, n_tokens: int = DEFAULT_S
     """Dispersion of each point on a seeded sample of ``chunks`` holding about ``n_tokens``
     positions (see the module docstring, step 3)."""
     from ..lm.perplexity import forward_chunks
-    from .dispersion import token_dispersion
 
     red_from = 1 if chunks.bos else 0
     per_chunk = chunks.tokens.shape[1] - red_from
@@ -298,7 +303,6 @@ def run_knnlm(model, train, eval_=None, config: KnnConfig | None = None, *,
     from ..lm.knnlm import build_datastores, evaluate, perplexity_of, position_states
     from ..lm.perplexity import forward_chunks
     from ..models import load_model
-    from .dispersion import make_chunks
 
     config = config or KnnConfig()
     t0 = time.perf_counter()
@@ -442,41 +446,157 @@ def knnlm_rows(run: KnnRun, *, revision: str = "") -> list[dict[str, Any]]:
     return rows
 
 
-def plot_knnlm(run: KnnRun, out_dir, stem: str = "knnlm") -> list:
-    """Left: kNN-LM perplexity per point for each λ > 0 (dashed: the base LM); right: the
-    dispersion of each candidate point (the label-free ranking)."""
-    from matplotlib.figure import Figure
+# ---------------------------------------------------------------------- the experiment
+@register
+@dataclass(frozen=True)
+class KnnlmExperiment:
+    """``lmgeom knnlm``: one model, a datastore corpus and a held-out corpus.
 
-    from ..report.plots import save_figure
+    Attributes:
+        spec: the model spec.
+        train_texts: corpus of the datastore.
+        eval_texts: held-out corpus (``None``: a seeded share of the training texts).
+        n: texts per corpus (a seeded sample; ``None``: all).
+        texts_seed: seed of that sample.
+        model: how the model loads.
+        knnlm: the kNN-LM settings.
+        cache: keep datastores and use the forward cache.
+        datastore_dir: where datastores live (default ``$LMGEOM_CACHE/knnlm``; not part of the
+            run's signature).
+        threads: FAISS OpenMP threads (not part of the signature).
+    """
 
-    fig = Figure(figsize=(10, 3.8))
-    ax1, ax2 = fig.subplots(1, 2)
-    pts = list(run.points)
-    x = np.arange(len(pts))
-    grid_keys = next(iter(run.evals.values())).grid
-    lams = sorted({lam for _, lam in grid_keys if lam > 0})
-    colors = {lam: f"C{i}" for i, lam in enumerate(lams)}
-    for tl, lam in grid_keys:
-        if lam == 0:
-            continue
-        ys = [run.evals[p].grid[(tl, lam)] if p in run.evals else np.nan for p in pts]
-        ax1.plot(x, ys, "o-" if tl == _tname(run.config.temperature) else "s:", ms=4,
-                 color=colors[lam], label=f"λ = {lam:g}, T = {tl}")
-    ax1.axhline(run.base_perplexity, ls="--", color="k", lw=1,
-                label=f"base LM {run.base_perplexity:.3g}")
-    ax1.set_xticks(x, pts, rotation=20, fontsize=8)
-    ax1.set_ylabel("perplexity (eval)")
-    ax1.set_title(f"kNN-LM, k={run.config.k}", fontsize=9)
-    ax1.legend(fontsize=7)
-    ax1.grid(alpha=0.25)
-    vals = [run.dispersion[p].pooled for p in pts]
-    colors = ["#d62728" if p == run.picked else "#1f77b4" for p in pts]
-    ax2.bar(x, vals, color=colors)
-    ax2.set_xticks(x, pts, rotation=20, fontsize=8)
-    ax2.set_ylabel("dispersion (train tokens)")
-    ax2.set_title(f"dispersion ranking: picked {run.picked}, best {run.best} "
-                  f"({'match' if run.match else 'no match'})", fontsize=9)
-    ax2.grid(alpha=0.25, axis="y")
-    fig.suptitle(f"{run.model}: kNN-LM by measurement point", fontsize=10)
-    fig.tight_layout()
-    return save_figure(fig, out_dir, stem)
+    command: ClassVar[str] = "knnlm"
+    table: ClassVar[str] = "knnlm"
+
+    spec: str = DEFAULT_MODEL
+    train_texts: str = DEFAULT_TRAIN_TEXTS
+    eval_texts: str | None = None
+    n: int | None = None
+    texts_seed: int = 0
+    model: ModelOptions = field(default_factory=ModelOptions)
+    knnlm: KnnConfig = field(default_factory=KnnConfig)
+    cache: bool = True
+    datastore_dir: str | None = None
+    threads: int | None = None
+
+    def settings(self) -> dict[str, Any]:
+        return {"model": self.spec, "revision": self.model.revision, "dtype": self.model.dtype,
+                "train_texts": self.train_texts, "eval_texts": self.eval_texts, "n": self.n,
+                "knnlm": config_dict(self.knnlm)}
+
+    def run(self, *, work_dir: str | Path | None = None,
+            progress: bool | None = None) -> KnnlmResult:
+        t = time.perf_counter()
+        train = TextOptions(spec=self.train_texts, n=self.n, seed=self.texts_seed).load()
+        ev = (TextOptions(spec=self.eval_texts, n=self.n, seed=self.texts_seed).load()
+              if self.eval_texts else None)
+        texts_s = time.perf_counter() - t
+        t = time.perf_counter()
+        model = self.model.load(self.spec)
+        load_s = time.perf_counter() - t
+        res = run_knnlm(model, train, ev, self.knnlm, train_label=self.train_texts,
+                        eval_label=self.eval_texts, cache=self.cache,
+                        datastore_root=self.datastore_dir, threads=self.threads,
+                        progress=progress)
+        res.model = self.spec
+        df = table.frame(knnlm_rows(res, revision=self.model.revision or ""))
+        return KnnlmResult(self, df, res, model.describe(),
+                           {"texts_s": texts_s, "load_s": load_s})
+
+
+def _show(point: str) -> str:
+    if point.isdigit():
+        return f"{point} (residual)"
+    return "final (post-norm)" if point == "final" else point
+
+
+@dataclass
+class KnnlmResult:
+    """The tidy table and the :class:`KnnRun` behind it."""
+
+    config: KnnlmExperiment
+    frame: Any
+    run: KnnRun
+    model_info: dict[str, Any]
+    timings: dict[str, float]
+
+    def rows(self):
+        return self.frame
+
+    def manifest(self) -> dict[str, Any]:
+        res, c = self.run, self.config
+        return {
+            "models": [c.spec], "texts": [c.train_texts, c.eval_texts or "held out"],
+            "model_info": [self.model_info], "split": res.split, "corpora": res.info,
+            "points": list(res.points), "evaluated": list(res.evaluated),
+            "dispersion_ranking": list(res.ranking), "picked_by_dispersion": res.picked,
+            "best_by_perplexity": res.best, "selection_match": res.match,
+            "best_by_setting": res.best_by_setting,
+            "base_perplexity": res.base_perplexity,
+            "base_perplexity_lambda0": res.base_perplexity_lambda0,
+            "n_datastore_tokens": res.n_train_tokens, "n_eval_tokens": res.n_eval_tokens,
+            "datastores": res.datastores,
+            "distance": "squared L2 (FAISS IndexFlatL2/IVF output) used as d in exp(-d/T)"
+                        if c.knnlm.distance == "sqeuclidean" else "L2 (square root of FAISS output)",
+            "seeds": {"split": c.knnlm.seed, "chunks": c.knnlm.seed,
+                      "dispersion_sample": c.knnlm.seed, "index_training": c.knnlm.seed,
+                      "texts": c.texts_seed},
+            "timings": {**self.timings, **res.timings}}
+
+    def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
+        from ..report.figures_dispersion import plot_knnlm
+        from ..report.html import write_report
+
+        res, c = self.run, self.config
+        figs = plot_knnlm(res, folder.plots)
+        caption = (f"Held-out perplexity of the interpolated kNN-LM per measurement point (left) "
+                   f"and the token-level dispersion of each point on the training corpus (right, "
+                   f"red: the dispersion pick). At lambda={c.knnlm.lam:g} the best point is "
+                   f"{res.best}; dispersion picked {res.picked}.")
+        return write_report(folder.path, self.frame, manifest,
+                            title=f"lmgeom knnlm — {c.spec} on {c.train_texts}",
+                            extra_figures=[("kNN-LM by measurement point", figs, caption)])
+
+    def summary(self) -> str:
+        from ..results.console import format_table
+
+        res, c = self.run, self.config
+        cfg, lam = c.knnlm, c.knnlm.lam
+        ev0 = next(iter(res.evals.values()))
+        held = res.split if res.split != "given" else c.eval_texts
+        sq = " as is" if cfg.distance == "sqeuclidean" else ", square-rooted"
+        n_disp = next(iter(res.dispersion.values())).n_tokens
+        lines = [(f"{c.spec}: datastore of {res.n_train_tokens} tokens from {c.train_texts}, "
+                  f"{res.n_eval_tokens} held-out tokens ({held})"),
+                 (f"base LM perplexity {res.base_perplexity:.4f} (lambda=0 of the kNN-LM pass: "
+                  f"{res.base_perplexity_lambda0:.4f})"),
+                 (f"k={ev0.k}, T={ev0.temperature_name}, d={cfg.distance} (FAISS squared "
+                  f"L2{sq}), index={ev0.index['kind']}; dispersion on {n_disp} training "
+                  "tokens\n")]
+        table_rows = res.summary()
+        for r in table_rows:
+            r["point"] = _show(r["point"])
+        lines.append(format_table(table_rows, floatfmt="{:.4g}"))
+        sweep = []
+        for p in res.evaluated:
+            ev_ = res.evals[p]
+            for tl, tv in ev_.temperatures.items():
+                sweep.append({"point": _show(p), "T": f"{tl} (={tv:.4g})" if tl == "auto" else tl,
+                              **{f"λ={lam_:g}": ev_.grid[(tl, lam_)] for lam_ in cfg.sweep}})
+        lines += ["", format_table(sweep, floatfmt="{:.4g}")]
+        if cfg.select or len(res.evaluated) > 1:
+            verdict = "matches" if res.match else "does NOT match"
+            gain = res.evals[res.best].perplexity[lam]
+            lines.append(f"\ndispersion picks {res.picked}; the lowest kNN-LM perplexity at "
+                         f"lambda={lam:g}, T={ev0.temperature_name} is {res.best} ({gain:.4g}): "
+                         f"the dispersion choice {verdict} the best")
+            others = {k_: v for k_, v in res.best_by_setting.items()
+                      if k_ != f"T={ev0.temperature_name};lambda={lam:g}"}
+            if others:
+                lines.append("best point at the other settings: " + "; ".join(
+                    f"{k_}: {v}{' (= pick)' if v == res.picked else ''}"
+                    for k_, v in others.items()))
+        if not math.isfinite(res.base_perplexity):  # pragma: no cover - defensive
+            lines.append("warning: base perplexity is not finite")
+        return "\n".join(lines)

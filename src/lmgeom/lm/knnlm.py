@@ -256,16 +256,16 @@ def iter_position_states(
 ) -> Iterator[tuple[np.ndarray, PositionStates]]:
     """One forward per batch of rows, yielding ``(row indices, PositionStates)`` per batch.
 
-    Rows are run in the order given (rows of one batch are right-padded; pads are never
-    keys, queries or targets). With ``lm_log_prob`` the post-norm ``final`` states are scored
+    Rows are run in the order given through :func:`lmgeom.activations.forward.run_batches`
+    (rows of one batch are right-padded; pads are never keys, queries or targets). With ``lm_log_prob`` the post-norm ``final`` states are scored
     against the next token in chunks of ``position_chunk`` positions, the way
     :func:`lmgeom.lm.perplexity.forward_chunks` scores them (same state selection, same
     chunking, so the values agree bit for bit with it for the same batches).
     """
     import torch
 
-    from ..activations.core import Encoded, check_finite, pad_batch, progress_bar
-    from .perplexity import default_position_chunk
+    from ..activations.forward import check_finite, dtype_name, ordered_batches, run_batches
+    from .perplexity import default_position_chunk, scored_positions, target_log_probs
 
     rows = _rows(token_rows)
     points = tuple(points)
@@ -280,55 +280,44 @@ def iter_position_states(
     pc = default_position_chunk(V) if position_chunk is None else int(position_chunk)
     if pc < 1:
         raise ConfigError(f"position_chunk must be >= 1, got {position_chunk}")
-    dtype = str(model.dtype).replace("torch.", "")
-    enc = Encoded(tuple(rows), 0, max(len(r) for r in rows))
-    capture = tuple(dict.fromkeys((*points, *(("final",) if lm_log_prob else ()))))
-    bar = progress_bar(math.ceil(len(rows) / batch_size), desc, progress)
-    for b0 in range(0, len(rows), batch_size):
-        idx = np.arange(b0, min(b0 + batch_size, len(rows)))
-        input_ids, mask = pad_batch(model, enc, idx)
-        valid = mask.bool()
-        tgt_ok = valid[:, 1:]  # state at t predicts token t + 1
-        b_idx, t_idx = tgt_ok.nonzero(as_tuple=True)
-        held: dict[str, Any] = {}
+    dtype = dtype_name(model)
+    capture_points = tuple(dict.fromkeys((*points, *(("final",) if lm_log_prob else ()))))
 
-        def sink(label, h, _b=b_idx, _t=t_idx, _held=held):
-            if label in points and label not in _held:
-                _held[label] = h[_b, _t].to(torch.float32).cpu().numpy()
-            if label == "final" and lm_log_prob:
-                _held["__final__"] = h[_b, _t]
+    def capture(label, h, batch):
+        if "bt" not in batch.scratch:  # state at t predicts token t + 1
+            batch.scratch["bt"] = scored_positions(batch, 1)
+        b, t = batch.scratch["bt"]
+        kept = {}
+        if label in points:
+            kept["states"] = h[b, t].to(torch.float32).cpu().numpy()
+        if label == "final" and lm_log_prob:
+            kept["final"] = h[b, t]
+        return kept
 
-        with torch.no_grad():
-            with model.capture(capture, sink, stop_early=not lm_log_prob):
-                model.run_base(input_ids, mask)
-            logp = None
-            if lm_log_prob:
-                states = held.pop("__final__")
-                targets_t = input_ids[b_idx, t_idx + 1]
-                parts = []
-                for s in range(0, len(b_idx), pc):
-                    logits = model.readout(states[s : s + pc]).float()
-                    tgt = logits.gather(1, targets_t[s : s + pc, None])[:, 0]
-                    parts.append((torch.logsumexp(logits, -1) - tgt).double())
-                    del logits
-                logp = -torch.cat(parts).cpu().numpy() if parts else np.zeros(0)
-                if not np.isfinite(logp).all():
-                    raise DataError(f"non-finite log-probabilities from {model.name}"
-                                    + (" (use float32 or bfloat16)" if "16" in dtype else ""))
+    def finish(batch, got):
+        b_idx, t_idx = batch.scratch["bt"]
+        targets_t = batch.input_ids[b_idx, t_idx + 1]
+        logp = None
+        if lm_log_prob:
+            logp = -target_log_probs(model, got["final"]["final"], targets_t, pc).cpu().numpy()
+            if not np.isfinite(logp).all():
+                raise DataError(f"non-finite log-probabilities from {model.name}"
+                                + (" (use float32 or bfloat16)" if "16" in dtype else ""))
         for p in points:
-            if p not in held:  # pragma: no cover - adapter bug
-                raise RuntimeError(f"hook for {p} did not fire")
-            check_finite(p, held[p], dtype)
+            check_finite(p, got[p]["states"], dtype)
         b_np = b_idx.cpu().numpy()
-        yield idx, PositionStates(
-            states={p: held[p] for p in points},
-            targets=input_ids[b_idx, t_idx + 1].cpu().numpy().astype(np.int64),
+        return {"ps": PositionStates(
+            states={p: got[p]["states"] for p in points},
+            targets=targets_t.cpu().numpy().astype(np.int64),
             lm_log_prob=logp,
-            row=idx[b_np].astype(np.int64),
-            pos=t_idx.cpu().numpy().astype(np.int64),
-        )
-        bar.update(1)
-    bar.close()
+            row=batch.index[b_np].astype(np.int64),
+            pos=batch.position_ids[b_idx, t_idx].cpu().numpy().astype(np.int64),
+        )}
+
+    for out in run_batches(model, rows, capture_points, capture, finish,
+                           batches=ordered_batches(len(rows), batch_size),
+                           stop_early=not lm_log_prob, progress=progress, desc=desc):
+        yield out.index, out.tensors["ps"]
 
 
 def position_states(model, token_rows, points: Sequence[str], **kwargs) -> PositionStates:
@@ -554,7 +543,7 @@ def _tokens_hash(rows: list[np.ndarray]) -> str:
 
 def datastore_key(model, token_rows, point: str, *, batch_size: int) -> str:
     """Content key of the datastore of ``point`` over ``token_rows``."""
-    from ..activations.core import model_identity
+    from ..activations.forward import model_identity
 
     rows = _rows(token_rows)
     return "knn-" + stable_hash({

@@ -19,9 +19,11 @@ scored positions and applies :meth:`LanguageModel.readout` to ``position_chunk``
 time, keeping only ``logsumexp(logits) - logits[target]`` (float64 accumulation). Peak extra
 memory is ``position_chunk × V`` floats instead of ``B × T × V``.
 
-Batches are right-padded; under the causal mask pad tokens never influence a real token, and
+The forward is :func:`lmgeom.activations.forward.run_batches` (right-padded batches, position
+ids from the attention mask); under the causal mask pad tokens never influence a real token, and
 pad positions are neither scored nor reduced, so a text's value does not depend on what it is
-batched with.
+batched with. :func:`scored_positions` and :func:`target_log_probs` are the scoring both
+this module and :mod:`lmgeom.lm.knnlm` use.
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ def forward_chunks(
     cache: bool = False,
     cache_root: str | os.PathLike[str] | None = None,
     desc: str = "forward",
+    padding_side: str = "right",
 ) -> ForwardResult:
     """One forward pass per batch of token rows serving perplexity and state reductions.
 
@@ -169,21 +172,17 @@ def forward_chunks(
             after a kill).
         cache_root: another cache folder.
         desc: progress-bar label.
+        padding_side: ``"right"`` (default) or ``"left"``; the same values either way
+            (positions come from the attention mask).
 
     Returns:
         :class:`ForwardResult`, rows in input order.
     """
-    import torch
+    import contextlib
 
     from .._paths import cache_dir
-    from ..activations.core import (
-        Encoded,
-        ShardCache,
-        check_finite,
-        model_identity,
-        pad_batch,
-        progress_bar,
-    )
+    from ..activations.core import ShardCache
+    from ..activations.forward import dtype_name, length_batches, model_identity, run_batches
     from ..models import load_model
 
     model = load_model(model)
@@ -214,12 +213,12 @@ def forward_chunks(
     if ctx is not None and longest > ctx:
         raise ConfigError(f"a row has {longest} tokens but {model.name} takes at most {ctx}; "
                           "use shorter chunks (or a stride for perplexity)")
-    dtype = str(model.dtype).replace("torch.", "")
+    dtype = dtype_name(model)
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
 
     key = ""
     store = None
     if cache:
-        lengths = np.array([len(r) for r in rows], dtype=np.int64)
         tok_hash = sha256_bytes(np.concatenate(rows).tobytes() + lengths.tobytes())
         settings = {
             "version": FORWARD_VERSION, "points": list(points), "reducers": sorted(reducers),
@@ -227,28 +226,26 @@ def forward_chunks(
             "reduce_from": sha256_bytes(red_from.tobytes()), "batch_size": batch_size,
             "dtype": dtype, "tokens": tok_hash,
         }
+        if padding_side != "right":  # right padding keeps the keys it always had
+            settings["padding_side"] = padding_side
         key = "fwd-" + stable_hash({"model": model_identity(model), **settings})[:28]
         root = Path(cache_root) if cache_root else cache_dir("forward")
         store = ShardCache(key, {**settings, "model": model.name}, True, root)
 
-    enc = Encoded(tuple(rows), 0, max(len(r) for r in rows))
-    batches = enc.batches(batch_size)
+    batches = length_batches(lengths, batch_size)
+    capture, finish = _batch_functions(model, points, reducers, nll, score, red_from, pc, dtype)
     nll_sum = np.zeros(n, dtype=np.float64)
     n_pred = np.zeros(n, dtype=np.int64)
     reduced: dict[str, dict[str, np.ndarray]] = {name: {} for name in reducers}
     computed = 0
-    import contextlib
-
     with (store.lock() if store is not None else contextlib.nullcontext()):
-        bar = progress_bar(len(batches), desc, progress)
-        for bi, idx in enumerate(batches):
-            got = store.get(bi) if store is not None else None
-            if got is None:
-                got = _run_batch(model, enc, idx, points, reducers, nll, score[idx],
-                                 red_from[idx], pc, dtype, torch, pad_batch, check_finite)
-                if store is not None:
-                    store.put(bi, got)
-                computed += 1
+        for out in run_batches(model, rows, tuple(dict.fromkeys((*points, *(("final",) if nll
+                                                                          else ())))),
+                               capture, finish, batches=batches, stop_early=not nll,
+                               padding_side=padding_side,
+                               store=store, progress=progress, desc=desc):
+            got = out.tensors
+            computed += out.computed
             ix = got["index"]
             nll_sum[ix] = got["nll_sum"]
             n_pred[ix] = got["n_predicted"]
@@ -258,51 +255,49 @@ def forward_chunks(
                     if p not in reduced[name]:
                         reduced[name][p] = np.full((n, *arr.shape[1:]), np.nan, dtype=np.float32)
                     reduced[name][p][ix] = arr
-            bar.update(1)
-        bar.close()
     return ForwardResult(nll_sum=nll_sum, n_predicted=n_pred, reduced=reduced,
-                         n_tokens=enc.lengths, key=key, batches_computed=computed,
+                         n_tokens=lengths, key=key, batches_computed=computed,
                          batches_cached=len(batches) - computed)
 
 
-def _run_batch(model, enc, idx, points, reducers, nll, score, red_from, pc, dtype, torch,
-               pad_batch, check_finite) -> dict[str, np.ndarray]:
-    input_ids, mask = pad_batch(model, enc, idx)
-    B, T = input_ids.shape
-    dev = input_ids.device
-    pos = torch.arange(T, device=dev)[None, :]
-    valid = mask.bool()
-    rmask = valid & (pos >= torch.as_tensor(red_from, device=dev)[:, None])
-    out: dict[str, np.ndarray] = {"index": np.asarray(idx, dtype=np.int64)}
-    held: dict[str, Any] = {}
+def _batch_functions(model, points, reducers, nll, score, red_from, pc, dtype):
+    """The capture and finish (:func:`lmgeom.activations.forward.run_batches`) of
+    :func:`forward_chunks`: reducers applied in the hooks, NLL scored from ``final``."""
+    import torch
 
-    def sink(label, h):
+    from ..activations.forward import check_finite
+
+    def capture(label, h, batch):
+        B = h.shape[0]
+        kept: dict[str, Any] = {}
         if label == "final" and nll:
-            held["final"] = h
+            kept["h"] = h
         if label in points:
+            if "rmask" not in batch.scratch:  # positions in the text, whatever the padding
+                rf = torch.as_tensor(red_from[batch.index], device=h.device)
+                batch.scratch["rmask"] = batch.valid & (batch.position_ids >= rf[:, None])
             for name, fn in reducers.items():
-                v = fn(h, rmask)
+                v = fn(h, batch.scratch["rmask"])
                 if isinstance(v, torch.Tensor):
                     v = v.detach().to(torch.float32).cpu().numpy()
                 v = np.asarray(v, dtype=np.float32)
                 if v.shape[:1] != (B,):
                     raise ConfigError(f"reducer {name!r} returned shape {v.shape}; expected "
                                       f"one entry per row ({B}, ...)")
-                out[f"r:{name}:{label}"] = v
+                kept[name] = v
+        return kept
 
-    capture = tuple(dict.fromkeys((*points, *(("final",) if nll else ()))))
-    with torch.no_grad():
-        with model.capture(capture, sink, stop_early=not nll):
-            model.run_base(input_ids, mask)
+    def finish(batch, got) -> dict[str, np.ndarray]:
+        B = batch.input_ids.shape[0]
+        out: dict[str, np.ndarray] = {"index": np.asarray(batch.index, dtype=np.int64)}
         for p in points:
             for name in reducers:
-                arr = out.get(f"r:{name}:{p}")
-                if arr is None:  # pragma: no cover - adapter bug
-                    raise RuntimeError(f"hook for {p} did not fire")
+                arr = got[p][name]
                 # NaN is a reducer's "undefined" (e.g. dispersion of one token); inf is overflow
                 check_finite(f"{p} ({name})", arr[~np.isnan(arr)], dtype)
+                out[f"r:{name}:{p}"] = arr
         if nll:
-            s, c = _score_batch(model, held.pop("final"), input_ids, valid, score, pc, torch)
+            s, c = _score_batch(model, got["final"]["h"], batch, score[batch.index], pc, torch)
             if not np.isfinite(s).all():
                 hint = " (fp16 overflow is a common cause: use float32 or bfloat16)" if "16" in dtype else ""
                 raise DataError(f"non-finite NLL from {model.name}{hint}")
@@ -310,28 +305,51 @@ def _run_batch(model, enc, idx, points, reducers, nll, score, red_from, pc, dtyp
         else:
             out["nll_sum"] = np.zeros(B, dtype=np.float64)
             out["n_predicted"] = np.zeros(B, dtype=np.int64)
-    return out
+        return out
+
+    return capture, finish
 
 
-def _score_batch(model, h, input_ids, valid, score, pc, torch) -> tuple[np.ndarray, np.ndarray]:
+def scored_positions(batch, score_from=1):
+    """``(b_idx, t_idx)``: the states (row, column) of ``batch`` that predict a scored token
+    (the real token at column ``t + 1``, at text position >= ``score_from``; per row or one
+    number). The state at column ``t`` is a real token's too, whatever the padding side."""
+    import torch
+
+    valid = batch.valid
+    dev = valid.device
+    sf = torch.as_tensor(score_from, device=dev)
+    sf = sf[:, None] if sf.ndim else sf
+    ok = valid[:, 1:] & valid[:, :-1] & (batch.position_ids[:, 1:] >= sf)
+    return ok.nonzero(as_tuple=True)
+
+
+def target_log_probs(model, states, targets, pc: int):
+    """``logsumexp(logits) - logits[target]`` (the NLL, float64 tensor) per row of ``states``
+    ``(n, d)`` (post-norm), with the readout applied to ``pc`` positions at a time."""
+    import torch
+
+    parts = []
+    for s in range(0, len(targets), pc):
+        logits = model.readout(states[s : s + pc]).float()
+        tgt = logits.gather(1, targets[s : s + pc, None])[:, 0]
+        parts.append((torch.logsumexp(logits, -1) - tgt).double())
+        del logits
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64,
+                                                      device=targets.device)
+
+
+def _score_batch(model, h, batch, score, pc, torch) -> tuple[np.ndarray, np.ndarray]:
     """Summed NLL and scored-token count per row from post-norm states ``h`` ``(B, T, d)``."""
-    B, T = input_ids.shape
+    input_ids = batch.input_ids
+    B = input_ids.shape[0]
     dev = input_ids.device
-    tpos = torch.arange(1, T, device=dev)[None, :]
-    tgt_ok = valid[:, 1:] & (tpos >= torch.as_tensor(score, device=dev)[:, None])
-    b_idx, t_idx = tgt_ok.nonzero(as_tuple=True)  # state at t_idx predicts token t_idx + 1
+    b_idx, t_idx = scored_positions(batch, score)  # state at t_idx predicts token t_idx + 1
     nll = torch.zeros(B, dtype=torch.float64, device=dev)
     if len(b_idx):
-        states = h[b_idx, t_idx]
-        targets = input_ids[b_idx, t_idx + 1]
-        parts = []
-        for s in range(0, len(b_idx), pc):
-            logits = model.readout(states[s : s + pc]).float()
-            tgt = logits.gather(1, targets[s : s + pc, None])[:, 0]
-            parts.append((torch.logsumexp(logits, -1) - tgt).double())
-            del logits
-        nll.index_add_(0, b_idx, torch.cat(parts))
-    counts = tgt_ok.sum(1)
+        nll.index_add_(0, b_idx, target_log_probs(model, h[b_idx, t_idx],
+                                                  input_ids[b_idx, t_idx + 1], pc))
+    counts = torch.bincount(b_idx, minlength=B)
     return nll.cpu().numpy(), counts.cpu().numpy().astype(np.int64)
 
 
@@ -404,6 +422,52 @@ class PerplexityResult:
             [t.__dict__ for t in self.texts],
             columns=["id", "n_tokens", "nll_sum", "n_predicted", "perplexity"],
         )
+
+    def summary(self, show: int = 10) -> str:
+        """What ``lmgeom ppl`` prints: the corpus figures and the ``show`` texts with the
+        highest and the lowest perplexity."""
+        from ..results.console import format_table
+
+        df = self.to_frame()
+        st = self.settings
+        mode = (f"sliding window {st.get('max_length')}/{st.get('stride')}" if st.get("stride")
+                else f"max {st.get('max_length')} tokens, {self.n_truncated} truncated")
+        head = (f"{st.get('model')} on {st.get('texts')}: {len(self)} texts, "
+                f"{int(df.n_predicted.sum())} scored tokens ({mode}, {self.n_windows} model "
+                "inputs)")
+        corpus = (f"corpus perplexity {self.corpus_perplexity:.4g}   mean per text "
+                  f"{self.mean_perplexity:.4g}   median {self.median_perplexity:.4g}")
+        lines = [head, corpus]
+        k = max(0, int(show))
+        if k:
+            cols = ["id", "n_tokens", "perplexity"]
+            srt = df.sort_values("perplexity", kind="stable")
+            top = srt.tail(k).iloc[::-1] if len(srt) > k else srt.iloc[::-1]
+            lines += [f"\nhighest perplexity ({min(k, len(df))}):",
+                      format_table(top[cols].to_dict("records"))]
+            if len(df) > k:
+                lines += [f"\nlowest perplexity ({k}):",
+                          format_table(srt.head(k)[cols].to_dict("records"))]
+        return "\n".join(lines)
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write the per-text table (:meth:`to_frame`) as ``.csv``, ``.parquet`` or ``.jsonl``
+        (by the file name), atomically."""
+        from .._io import atomic_path
+
+        out = Path(path)
+        suffix = out.suffix.lower()
+        if suffix not in (".csv", ".parquet", ".jsonl"):
+            raise ConfigError(f"--out {out}: use a .csv, .parquet or .jsonl file name")
+        df = self.to_frame()
+        with atomic_path(out) as tmp:
+            if suffix == ".csv":
+                df.to_csv(tmp, index=False)
+            elif suffix == ".parquet":
+                df.to_parquet(tmp, index=False)
+            else:
+                df.to_json(tmp, orient="records", lines=True)
+        return out
 
 
 def sliding_windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int, int, int]]:

@@ -260,3 +260,57 @@ def dispersion_gap_states(H_domain: Any, H_general: Any, *,
     if T.shape[1] != Tb.shape[1]:
         raise data_error(f"H_domain has d={T.shape[1]} but H_general has d={Tb.shape[1]}", label)
     return _gap(T, Tb, "states")
+
+
+# ---------------------------------------------------------------------- per-row reductions
+# (moved from lmgeom.experiments.dispersion; add "token_dispersion" and "group_means" to
+# __all__ when merging)
+def token_dispersion(h, mask):
+    """Reducer: per row, the dispersion of its masked token states.
+
+    Args:
+        h: ``(B, T, d)`` tensor of one point.
+        mask: ``(B, T)`` bool tensor of the positions that count.
+
+    Returns:
+        ``(B,)`` float64 numpy array; NaN for a row with fewer than 2 positions.
+    """
+    out = np.full(h.shape[0], np.nan, dtype=np.float64)
+    for b in range(h.shape[0]):
+        rows = h[b][mask[b]]
+        if rows.shape[0] >= 2:
+            out[b] = float(dispersion(rows.double()))
+    return out
+
+
+def group_means(
+    dispersion: np.ndarray,
+    perplexity: np.ndarray,
+    group_size: int = 10,
+    max_groups: int = 100,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sort chunks by perplexity, cut into groups of ``group_size``, return group means.
+
+    Args:
+        dispersion: ``(N,)`` or ``(n_layers, N)``.
+        perplexity: ``(N,)``.
+        group_size: chunks per group; the incomplete last group (highest perplexities) is
+            dropped.
+        max_groups: keep at most this many groups, evenly spread over the perplexity ranks.
+
+    Returns:
+        ``(group_dispersion (..., G), group_perplexity (G,), kept_group_ids (G,))``.
+    """
+    if group_size < 1:
+        raise config_error(f"group_size must be >= 1, got {group_size}")
+    if max_groups < 1:
+        raise config_error(f"max_groups must be >= 1, got {max_groups}")
+    ppl = np.asarray(perplexity, dtype=np.float64)
+    disp = np.asarray(dispersion, dtype=np.float64)
+    order = np.argsort(ppl, kind="stable")
+    n_full = len(ppl) // group_size
+    gid = np.arange(n_full)
+    if n_full > max_groups:
+        gid = np.unique(np.round(np.linspace(0, n_full - 1, max_groups)).astype(np.int64))
+    members = order[: n_full * group_size].reshape(n_full, group_size)[gid]  # (G, g)
+    return disp[..., members].mean(-1), ppl[members].mean(-1), gid

@@ -18,6 +18,84 @@ import scipy.stats
 
 from lmgeom.metrics._common import check_int, check_seed, config_error, data_error, to_numpy
 
+
+# ---------------------------------------------------------------------- (value, low, high) helpers
+# The statistics the dispersion / hardness experiments report (moved from
+# lmgeom.experiments.dispersion and .hardness); add "correlation_interval", "mean_interval",
+# "quantile_overlap" to __all__ when merging.
+def _triplet(res: Any) -> tuple[float, float, float]:
+    """(value, low, high) of a :class:`CorrelationResult` (``r``) or :class:`BootstrapResult`
+    (``estimate``)."""
+    value = res.r if hasattr(res, "r") else res.estimate
+    return float(value), float(res.low), float(res.high)
+
+
+def correlation_interval(x: Any, y: Any, method: str, n_boot: int,
+                         seed: int) -> tuple[float, float, float]:
+    """Spearman / Pearson of the finite pairs of ``x`` and ``y`` (both ``(n,)``) with a
+    percentile-bootstrap 95 % interval (:func:`correlation_with_ci`).
+
+    Returns:
+        ``(r, low, high)``; all NaN with fewer than 3 finite pairs or a constant side.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return np.nan, np.nan, np.nan
+    return _triplet(correlation_with_ci(x, y, method=method, n_boot=n_boot, seed=seed))
+
+
+def mean_interval(x: Any, n_boot: int, seed: int,
+                  level: float = 0.95) -> tuple[float, float, float]:
+    """Mean of the finite values of ``x`` ``(n,)`` with a percentile-bootstrap interval
+    (:func:`bootstrap_ci`).
+
+    Returns:
+        ``(mean, low, high)``; NaN interval with one value, all NaN with none.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if len(x) == 0:
+        return np.nan, np.nan, np.nan
+    if len(x) < 2:
+        return float(x.mean()), np.nan, np.nan
+    res = bootstrap_ci(x, np.mean, n_boot=n_boot, level=level, seed=seed)
+    v, lo, hi = _triplet(res)
+    return float(x.mean()) if not np.isfinite(v) else v, lo, hi
+
+
+def quantile_overlap(score: Any, reference: Any, quantile: float = 0.1, *, n_perm: int = 1000,
+                     seed: int = 0) -> tuple[float, np.ndarray, int]:
+    """Rank agreement at the top: the share of the ``k = round(quantile · n)`` items with the
+    highest ``reference`` found among the ``k`` lowest ``score`` items, and the same share for
+    ``n_perm`` seeded random rankings (``numpy.random.default_rng(seed).permutation``).
+
+    Args:
+        score: ``(n,)`` the ranking (lowest first), e.g. dispersion.
+        reference: ``(n,)`` what the top should hold, e.g. perplexity (highest first).
+        quantile: share of items compared.
+        n_perm: random rankings in the null.
+        seed: seed of the null.
+
+    Returns:
+        ``(observed, null (n_perm,), k)``.
+    """
+    d = np.asarray(score, dtype=np.float64)
+    p = np.asarray(reference, dtype=np.float64)
+    n = len(d)
+    if n < 2:
+        raise data_error(f"need at least 2 texts to rank, got {n}")
+    k = max(1, round(quantile * n))
+    top_ppl = np.zeros(n, dtype=bool)
+    top_ppl[np.argsort(-p, kind="stable")[:k]] = True
+    low_disp = np.argsort(d, kind="stable")[:k]
+    observed = float(top_ppl[low_disp].mean())
+    rng = np.random.default_rng(seed)
+    null = np.array([top_ppl[rng.permutation(n)[:k]].mean() for _ in range(n_perm)])
+    return observed, null, k
+
 __all__ = ["BootstrapResult", "CorrelationResult", "bootstrap_ci", "correlation_with_ci"]
 
 

@@ -244,7 +244,7 @@ def split_texts(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndar
 
 def prepare_data(model, cfg: FinetuneConfig) -> tuple[list[Domain], dict[str, np.ndarray]]:
     """Training domains and evaluation sets (name → ``(N, T)`` chunks) for ``cfg``."""
-    from ..experiments.dispersion import make_chunks
+    from ..texts.chunks import make_chunks
     from ..texts import load_texts
 
     domains: list[Domain] = []
@@ -367,7 +367,7 @@ def evaluate(lm, eval_sets: dict[str, np.ndarray], label: str, *, batch_size: in
 
     import torch
 
-    from ..experiments.dispersion import token_dispersion
+    from ..metrics.dispersion import token_dispersion
     from ..lm.perplexity import forward_chunks
 
     was_training = lm.hf_model.training
