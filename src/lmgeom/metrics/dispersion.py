@@ -35,6 +35,8 @@ __all__ = [
     "dispersion_between",
     "dispersion_gap",
     "dispersion_gap_states",
+    "group_means",
+    "token_dispersion",
 ]
 
 

@@ -21,8 +21,7 @@ from lmgeom.metrics._common import check_int, check_seed, config_error, data_err
 
 # ---------------------------------------------------------------------- (value, low, high) helpers
 # The statistics the dispersion / hardness experiments report (moved from
-# lmgeom.experiments.dispersion and .hardness); add "correlation_interval", "mean_interval",
-# "quantile_overlap" to __all__ when merging.
+# lmgeom.experiments.dispersion and .hardness).
 def _triplet(res: Any) -> tuple[float, float, float]:
     """(value, low, high) of a :class:`CorrelationResult` (``r``) or :class:`BootstrapResult`
     (``estimate``)."""
@@ -96,7 +95,8 @@ def quantile_overlap(score: Any, reference: Any, quantile: float = 0.1, *, n_per
     null = np.array([top_ppl[rng.permutation(n)[:k]].mean() for _ in range(n_perm)])
     return observed, null, k
 
-__all__ = ["BootstrapResult", "CorrelationResult", "bootstrap_ci", "correlation_with_ci"]
+__all__ = ["BootstrapResult", "CorrelationResult", "bootstrap_ci", "correlation_interval",
+           "correlation_with_ci", "mean_interval", "quantile_overlap"]
 
 
 @dataclass(frozen=True)
