@@ -120,3 +120,72 @@ def test_model_args_reach_the_loader(tiny_dir, tmp_path, capsys):
     a, b, c = (lmgeom.load_activations(tmp_path / x) for x in "abc")
     assert a.settings["dtype"] == b.settings["dtype"] == "bfloat16" != c.settings["dtype"]
     np.testing.assert_array_equal(a.states, b.states)
+
+
+def test_per_token_nll_streams_and_sums_to_the_text_nll(tiny_dir, tmp_path):
+    """Token rows sum to each text's NLL, cover positions 1..n-1 exactly once (also with a
+    sliding window), and are written one row group per batch (streamed)."""
+    import pyarrow.parquet as pq
+
+    from lmgeom.lm.perplexity import TokenNLLWriter
+
+    model = lmgeom.load_model(str(tiny_dir("llama")))
+    ts = lmgeom.load_texts(str(_corpus(tmp_path, n=12)), limit=None)
+    for kw in ({"max_length": 24}, {"max_length": 16, "stride": 5}):
+        path = tmp_path / f"tok-{len(kw)}.parquet"
+        with TokenNLLWriter(path, model.tokenizer, ts.ids) as w:
+            res = lmgeom.lm.perplexity(model, ts, batch_size=4, token_nll=w, **kw)
+        t = pd.read_parquet(path)
+        # one row group per batch of 4 model inputs (texts, or windows with a stride)
+        assert pq.ParquetFile(path).num_row_groups == -(-res.n_windows // 4) > 1
+        assert len(t) == w.n_rows == sum(x.n_predicted for x in res)
+        for x in res:
+            g = t[t["id"] == x.id]
+            assert sorted(g["position"]) == list(range(1, x.n_predicted + 1))
+            assert g["nll"].sum() == pytest.approx(x.nll_sum, rel=1e-12, abs=1e-12)
+        ids = model.tokenizer(list(ts.texts))["input_ids"]
+        row = t.iloc[5]
+        assert row["token_id"] == ids[list(ts.ids).index(row["id"])][row["position"]]
+
+
+def test_ppl_cli_per_token_and_log_samples(tiny_dir, tmp_path, capsys):
+    texts = _corpus(tmp_path, n=10)
+    out = tmp_path / "ppl.csv"
+    assert main(["ppl", "--model", str(tiny_dir("llama")), "--texts", str(texts), "--max-length",
+                 "24", "--per-token", "--log-samples", "--quiet", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    tok, sam = tmp_path / "ppl.tokens.parquet", tmp_path / "ppl.samples.parquet"
+    assert str(tok) in printed and str(sam) in printed
+    t, s = pd.read_parquet(tok), pd.read_parquet(sam)
+    per_text = pd.read_csv(out, dtype={"id": str})
+    assert list(s["id"]) == list(per_text["id"]) and len(s) == 10
+    np.testing.assert_allclose(s["perplexity"], per_text["perplexity"], rtol=1e-6)
+    mean = t.groupby("id")["nll"].mean().loc[s["id"]].to_numpy()
+    np.testing.assert_allclose(mean, s["nll"], rtol=1e-9)
+    assert s["truncated"].any() and (s["n_tokens"] <= 24).all()
+
+
+def test_hardness_and_dispersion_log_samples(tiny_dir, tmp_path):
+    texts = _corpus(tmp_path, n=24)
+    model = str(tiny_dir("llama"))
+    out = tmp_path / "h"
+    assert main(["hardness", "--model", model, "--texts", str(texts), "--max-length", "32",
+                 "--n-boot", "50", "--n-perm", "50", "--quantile", "0.25", "--show", "0",
+                 "--log-samples", "--quiet", "--out", str(out)]) == 0
+    s = pd.read_parquet(out / "samples.parquet")
+    ranking = pd.read_csv(out / "hardness.csv", dtype={"id": str}).set_index("id")
+    assert len(s) == 24 and list(s["id"]) == list(lmgeom.load_texts(str(texts), limit=500).ids)
+    np.testing.assert_allclose(s["dispersion@final"], ranking.loc[s["id"], "dispersion"],
+                               rtol=1e-6)
+    np.testing.assert_array_equal(s["rank"], ranking.loc[s["id"], "rank"])
+    np.testing.assert_allclose(np.exp(s["nll"]), s["perplexity"], rtol=1e-9)
+    out = tmp_path / "d"
+    assert main(["dispersion", "--model", model, "--texts", str(texts), "--chunk-len", "16",
+                 "--layers", "1,final", "--group-size", "2", "--max-groups", "4", "--n-boot",
+                 "50", "--log-samples", "--quiet", "--out", str(out)]) == 0
+    s = pd.read_parquet(out / "samples.parquet")
+    c = pd.read_parquet(out / "chunks.parquet")
+    assert len(s) == c["chunk"].nunique() and (s["n_tokens"] == 16).all()
+    for layer in ("1", "final"):
+        want = c[c["layer"] == layer].set_index("chunk").loc[s["chunk"], "dispersion"]
+        np.testing.assert_allclose(s[f"dispersion@{layer}"], want, rtol=1e-7)

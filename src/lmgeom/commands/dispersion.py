@@ -57,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attach", default=None, metavar="RUN_DIR",
                    help="also add the results to an `lmgeom analyze` run folder and regenerate "
                         "its report.html with a dispersion section")
+    p.add_argument("--log-samples", action="store_true",
+                   help="also write samples.parquet: one row per chunk (id, start, n_tokens, NLL, perplexity, dispersion per layer)")
     add_run_args(p, out=None)
 
 
@@ -80,13 +82,14 @@ def run(args) -> int:
     experiment = DispersionExperiment(
         models=models, corpora=corpora, texts=text_options_from_args(args, corpora[0]),
         model=model_options_from_args(args), dispersion=config_from_args(args),
-        cache=not args.no_cache)
+        cache=not args.no_cache, log_samples=args.log_samples)
     args.out = args.out or default_out("dispersion", models)
     run = run_experiment(experiment, args.out, overwrite=args.overwrite,
                          progress=progress_from_args(args))
     print(run.result.summary())
-    print(f"\nwrote {run.path}/dispersion.parquet, dispersion.csv, chunks.parquet, manifest.json, "
-          "plots and the report:")
+    samples = "samples.parquet, " if args.log_samples else ""
+    print(f"\nwrote {run.path}/dispersion.parquet, dispersion.csv, chunks.parquet, {samples}"
+          "manifest.json, plots and the report:")
     print(f"  {run.report.resolve()}")
     if args.attach:
         attached = attach_to_run(args.attach, run.result.rows())

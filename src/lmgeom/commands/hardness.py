@@ -43,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n-perm", type=int, default=1000, help="random rankings in the null")
     g.add_argument("--show", type=int, default=10, help="texts to print from each end")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the cache")
+    p.add_argument("--log-samples", action="store_true",
+                   help="also write samples.parquet: one row per text (id, label, n_tokens, truncated, NLL, perplexity, dispersion, rank)")
     add_run_args(p, out=None)
 
 
@@ -54,11 +56,12 @@ def run(args) -> int:
                             quantile=args.quantile, seed=args.seed)
     experiment = HardnessExperiment(spec=args.model, texts=text_options_from_args(args),
                                     model=model_options_from_args(args), hardness=config,
-                                    cache=not args.no_cache)
+                                    cache=not args.no_cache, log_samples=args.log_samples)
     args.out = args.out or default_out("hardness", args.model)
     run = run_experiment(experiment, args.out, overwrite=args.overwrite,
                          progress=progress_from_args(args))
     print(run.result.summary(show=args.show))
-    print(f"\nwrote {run.path}/hardness.csv, hardness.parquet, manifest.json and "
+    samples = ", samples.parquet" if args.log_samples else ""
+    print(f"\nwrote {run.path}/hardness.csv, hardness.parquet{samples}, manifest.json and "
           f"{run.report.name}")
     return 0

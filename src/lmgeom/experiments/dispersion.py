@@ -320,6 +320,7 @@ class DispersionExperiment:
     model: ModelOptions = field(default_factory=ModelOptions)
     dispersion: DispersionConfig = field(default_factory=DispersionConfig)
     cache: bool = True
+    log_samples: bool = False
 
     def __post_init__(self) -> None:
         if not self.models or not self.corpora:
@@ -383,6 +384,27 @@ class DispersionResult:
 
     def rows(self) -> pd.DataFrame:
         return self.frame
+
+    def extra_tables(self) -> dict[str, pd.DataFrame]:
+        """With ``log_samples``: ``samples`` — one row per chunk (the items dispersion is
+        measured on: fixed-length token chunks of the joined corpus), wide: model, revision,
+        texts, id (``chunk<i>``), start (token offset in the joined corpus), n_tokens, nll
+        (mean, nats / token), perplexity, ``dispersion@<layer>`` per layer."""
+        if not self.config.log_samples:
+            return {}
+        c = self.chunks
+        key = ["model", "revision", "texts", "chunk", "start"]
+        wide = c.pivot_table(index=key, columns="layer", values="dispersion", sort=False)
+        order = list(dict.fromkeys(c["layer"]))
+        wide = wide[order].rename(columns=lambda x: f"dispersion@{x}").reset_index()
+        first = c.drop_duplicates(key)[key + ["perplexity", "mean_nll"]]
+        out = first.merge(wide, on=key, how="left", sort=False)
+        out.insert(3, "id", [f"chunk{int(i)}" for i in out["chunk"]])
+        out.insert(6, "n_tokens", int(self.config.dispersion.chunk_len))
+        out = out.rename(columns={"mean_nll": "nll"})
+        return {"samples": out[["model", "revision", "texts", "id", "chunk", "start",
+                                "n_tokens", "nll", "perplexity",
+                                *[f"dispersion@{x}" for x in order]]]}
 
     def manifest(self) -> dict[str, Any]:
         c = self.config

@@ -88,6 +88,7 @@ class HardnessResult:
     layer: str
     corpus_perplexity: float = math.nan
     settings: dict[str, Any] = field(default_factory=dict)
+    per_text: Any = None
 
     @property
     def null_mean(self) -> float:
@@ -151,6 +152,17 @@ def rank_hardness(model, texts, config: HardnessConfig | None = None, *,
         "n_tokens": enc.lengths,
         "snippet": [_snippet(t) for t in ts.texts],
     }).sort_values(["rank"], na_position="last", kind="stable").reset_index(drop=True)
+    full = np.array([len(x) for x in model.tokenizer(list(ts.texts), add_special_tokens=True,
+                                                     truncation=False, verbose=False)
+                     ["input_ids"]], dtype=np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        nll = np.where(res.n_predicted > 0, res.nll_sum / np.maximum(res.n_predicted, 1), np.nan)
+    per_text = pd.DataFrame({
+        "id": list(ts.ids),
+        "label": list(ts.labels) if ts.labels is not None else [""] * len(ts),
+        "n_tokens": enc.lengths, "n_tokens_full": full, "truncated": full > config.max_length,
+        "nll": nll, "perplexity": ppl, f"dispersion@{layer}": disp, "rank": rank,
+    })
     rho = correlation_interval(disp[ok], ppl[ok], "spearman", config.n_boot, config.seed)
     obs, null, k = quantile_overlap(disp[ok], ppl[ok], config.quantile, n_perm=config.n_perm,
                                     seed=config.seed)
@@ -160,6 +172,7 @@ def rank_hardness(model, texts, config: HardnessConfig | None = None, *,
         corpus_perplexity=float(math.exp(res.nll_sum[ok].sum() / res.n_predicted[ok].sum())),
         settings={**asdict(config), "n_truncated": enc.n_truncated,
                   "forward_s": time.perf_counter() - t0, "batches_cached": res.batches_cached},
+        per_text=per_text,
     )
 
 
@@ -209,6 +222,7 @@ class HardnessExperiment:
     model: ModelOptions = field(default_factory=ModelOptions)
     hardness: HardnessConfig = field(default_factory=HardnessConfig)
     cache: bool = True
+    log_samples: bool = False
 
     def settings(self) -> dict[str, Any]:
         return {"model": self.spec, "texts": self.texts.spec, "n": self.texts.n,
@@ -240,6 +254,15 @@ class HardnessRun:
 
     def rows(self):
         return self.frame
+
+    def extra_tables(self) -> dict[str, Any]:
+        """With ``log_samples``: ``samples`` — one row per text in text order: id, label,
+        n_tokens, n_tokens_full, truncated, nll, perplexity, ``dispersion@<layer>``, rank."""
+        if not self.config.log_samples:
+            return {}
+        df = self.result.per_text.copy()
+        df.insert(0, "model", self.config.spec)
+        return {"samples": df}
 
     def manifest(self) -> dict[str, Any]:
         res, c = self.result, self.config

@@ -26,6 +26,31 @@ import pandas as pd
 from ..errors import ConfigError
 
 
+def text_facts(model, texts, max_length: int | None) -> dict[str, object]:
+    """The columns every per-item table starts with: id, label, n_tokens (seen), n_tokens_full,
+    truncated (``max_length=None``: nothing is cut)."""
+    full = model.tokenizer(list(texts.texts), add_special_tokens=True, truncation=False,
+                           verbose=False)["input_ids"]
+    n_full = np.array([len(x) for x in full], dtype=np.int64)
+    seen = n_full if max_length is None else np.minimum(n_full, max_length)
+    return {"id": [str(x) for x in texts.ids],
+            "label": list(texts.labels) if texts.labels is not None else [""] * len(texts),
+            "n_tokens": seen, "n_tokens_full": n_full,
+            "truncated": n_full > max_length if max_length is not None else
+            np.zeros(len(n_full), dtype=bool)}
+
+
+def perplexity_samples(model, texts, result) -> pd.DataFrame:
+    """One row per text of a :class:`~lmgeom.lm.perplexity.PerplexityResult`: the facts of
+    :func:`text_facts`, ``n_predicted``, ``nll`` (mean, nats / token) and ``perplexity``."""
+    stride = result.settings.get("stride")
+    facts = text_facts(model, texts, None if stride else int(result.settings["max_length"]))
+    n_pred = np.array([t.n_predicted for t in result], dtype=np.int64)
+    nll = np.array([t.nll_sum / t.n_predicted if t.n_predicted else math.nan for t in result])
+    return pd.DataFrame({"model": model.name, **facts, "n_predicted": n_pred, "nll": nll,
+                         "perplexity": np.exp(nll)})
+
+
 def sample_rows(model, texts, acts, basis: np.ndarray, *, revision: str = "",
                 label: str | None = None, batch_size: int = 8,
                 progress: bool | None = None) -> pd.DataFrame:
@@ -47,9 +72,7 @@ def sample_rows(model, texts, acts, basis: np.ndarray, *, revision: str = "",
     if tuple(acts.text_ids) != tuple(texts.ids):
         raise ConfigError("the activations belong to another text set than the one given")
     max_length = int(acts.settings["max_length"])
-    full = model.tokenizer(list(texts.texts), add_special_tokens=True, truncation=False,
-                           verbose=False)["input_ids"]
-    n_full = np.array([len(x) for x in full], dtype=np.int64)
+    facts = text_facts(model, texts, max_length)
     ppl = perplexity(model, texts, max_length=max_length, batch_size=batch_size,
                      progress=progress)
     nll = np.array([t.nll_sum / t.n_predicted if t.n_predicted else math.nan for t in ppl],
@@ -57,11 +80,7 @@ def sample_rows(model, texts, acts, basis: np.ndarray, *, revision: str = "",
     data: dict[str, object] = {
         "model": label if label is not None else model.name,
         "revision": revision,
-        "id": list(texts.ids),
-        "label": list(texts.labels) if texts.labels is not None else [""] * len(texts),
-        "n_tokens": np.asarray(acts.n_tokens, dtype=np.int64),
-        "n_tokens_full": n_full,
-        "truncated": n_full > max_length,
+        **facts,
         "nll": nll,
         "perplexity": np.exp(nll),
     }
@@ -78,4 +97,4 @@ def sample_rows(model, texts, acts, basis: np.ndarray, *, revision: str = "",
     return pd.DataFrame(data)
 
 
-__all__ = ["sample_rows"]
+__all__ = ["perplexity_samples", "sample_rows", "text_facts"]

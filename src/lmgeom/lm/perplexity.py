@@ -146,6 +146,7 @@ def forward_chunks(
     cache_root: str | os.PathLike[str] | None = None,
     desc: str = "forward",
     padding_side: str = "right",
+    token_sink: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
 ) -> ForwardResult:
     """One forward pass per batch of token rows serving perplexity and state reductions.
 
@@ -174,6 +175,10 @@ def forward_chunks(
         desc: progress-bar label.
         padding_side: ``"right"`` (default) or ``"left"``; the same values either way
             (positions come from the attention mask).
+        token_sink: with ``nll``, called once per batch with ``(row, position, token, nll)``
+            arrays of every scored token (row index into ``token_chunks``, position of the
+            token in its row, its id, its NLL in nats), so token-level NLL streams out with
+            bounded memory. Batches come in length order, not row order.
 
     Returns:
         :class:`ForwardResult`, rows in input order.
@@ -196,6 +201,8 @@ def forward_chunks(
         raise ConfigError("reducers were given but no points to apply them to")
     if not nll and not points:
         raise ConfigError("nothing to compute: nll=False and no points")
+    if token_sink is not None and not nll:
+        raise ConfigError("token_sink needs nll=True")
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     score = _per_row(score_from, n, "score_from", 1)
@@ -228,12 +235,15 @@ def forward_chunks(
         }
         if padding_side != "right":  # right padding keeps the keys it always had
             settings["padding_side"] = padding_side
+        if token_sink is not None:
+            settings["per_token"] = True
         key = "fwd-" + stable_hash({"model": model_identity(model), **settings})[:28]
         root = Path(cache_root) if cache_root else cache_dir("forward")
         store = ShardCache(key, {**settings, "model": model.name}, True, root)
 
     batches = length_batches(lengths, batch_size)
-    capture, finish = _batch_functions(model, points, reducers, nll, score, red_from, pc, dtype)
+    capture, finish = _batch_functions(model, points, reducers, nll, score, red_from, pc, dtype,
+                                       per_token=token_sink is not None)
     nll_sum = np.zeros(n, dtype=np.float64)
     n_pred = np.zeros(n, dtype=np.int64)
     reduced: dict[str, dict[str, np.ndarray]] = {name: {} for name in reducers}
@@ -249,6 +259,8 @@ def forward_chunks(
             ix = got["index"]
             nll_sum[ix] = got["nll_sum"]
             n_pred[ix] = got["n_predicted"]
+            if token_sink is not None:
+                token_sink(got["tok_row"], got["tok_position"], got["tok_id"], got["tok_nll"])
             for name in reducers:
                 for p in points:
                     arr = got[f"r:{name}:{p}"]
@@ -260,7 +272,8 @@ def forward_chunks(
                          batches_cached=len(batches) - computed)
 
 
-def _batch_functions(model, points, reducers, nll, score, red_from, pc, dtype):
+def _batch_functions(model, points, reducers, nll, score, red_from, pc, dtype,
+                     per_token: bool = False):
     """The capture and finish (:func:`lmgeom.activations.forward.run_batches`) of
     :func:`forward_chunks`: reducers applied in the hooks, NLL scored from ``final``."""
     import torch
@@ -297,7 +310,14 @@ def _batch_functions(model, points, reducers, nll, score, red_from, pc, dtype):
                 check_finite(f"{p} ({name})", arr[~np.isnan(arr)], dtype)
                 out[f"r:{name}:{p}"] = arr
         if nll:
-            s, c = _score_batch(model, got["final"]["h"], batch, score[batch.index], pc, torch)
+            toks: dict | None = {} if per_token else None
+            s, c = _score_batch(model, got["final"]["h"], batch, score[batch.index], pc, torch,
+                                toks)
+            if toks is not None:
+                out["tok_row"] = np.asarray(batch.index, dtype=np.int64)[toks["row"]]
+                out["tok_position"] = toks["position"]
+                out["tok_id"] = toks["token"]
+                out["tok_nll"] = toks["nll"]
             if not np.isfinite(s).all():
                 hint = " (fp16 overflow is a common cause: use float32 or bfloat16)" if "16" in dtype else ""
                 raise DataError(f"non-finite NLL from {model.name}{hint}")
@@ -339,17 +359,26 @@ def target_log_probs(model, states, targets, pc: int):
                                                       device=targets.device)
 
 
-def _score_batch(model, h, batch, score, pc, torch) -> tuple[np.ndarray, np.ndarray]:
-    """Summed NLL and scored-token count per row from post-norm states ``h`` ``(B, T, d)``."""
+def _score_batch(model, h, batch, score, pc, torch, tokens: dict | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Summed NLL and scored-token count per row from post-norm states ``h`` ``(B, T, d)``;
+    with ``tokens`` (a dict) also every scored token: its batch row, text position, id, NLL."""
     input_ids = batch.input_ids
     B = input_ids.shape[0]
     dev = input_ids.device
     b_idx, t_idx = scored_positions(batch, score)  # state at t_idx predicts token t_idx + 1
     nll = torch.zeros(B, dtype=torch.float64, device=dev)
+    per = None
     if len(b_idx):
-        nll.index_add_(0, b_idx, target_log_probs(model, h[b_idx, t_idx],
-                                                  input_ids[b_idx, t_idx + 1], pc))
+        per = target_log_probs(model, h[b_idx, t_idx], input_ids[b_idx, t_idx + 1], pc)
+        nll.index_add_(0, b_idx, per)
     counts = torch.bincount(b_idx, minlength=B)
+    if tokens is not None:
+        tokens["row"] = b_idx.cpu().numpy().astype(np.int64)
+        tokens["position"] = batch.position_ids[b_idx, t_idx + 1].cpu().numpy().astype(np.int64)
+        tokens["token"] = input_ids[b_idx, t_idx + 1].cpu().numpy().astype(np.int64)
+        tokens["nll"] = (per.cpu().numpy() if per is not None
+                         else np.zeros(0, dtype=np.float64))
     return nll.cpu().numpy(), counts.cpu().numpy().astype(np.int64)
 
 
@@ -499,6 +528,7 @@ def perplexity(
     batch_size: int = 8,
     position_chunk: int | None = None,
     progress: bool | None = None,
+    token_nll: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
 ) -> PerplexityResult:
     """Per-text perplexity ``exp(mean NLL of tokens 2..T)`` and the corpus perplexity.
 
@@ -514,6 +544,9 @@ def perplexity(
         position_chunk: positions per readout matmul; bounds the logits at
             ``position_chunk × V`` floats (default: 64 MiB worth).
         progress: progress bar (default: when stderr is a terminal).
+        token_nll: called per batch with ``(text, position, token, nll)`` arrays of every scored
+            token: the text's index, the token's position in the text (0 = its first token,
+            which is never scored), its id and its NLL in nats (see :class:`TokenNLLWriter`).
 
     Returns:
         :class:`PerplexityResult`.
@@ -537,6 +570,7 @@ def perplexity(
         enc = encode_texts(model, ts.texts, max_length)
         rows = list(enc.ids)
         owner = np.arange(len(rows))
+        begin = np.zeros(len(rows), dtype=np.int64)
         score = np.ones(len(rows), dtype=np.int64)
         n_trunc = enc.n_truncated
         n_tok = enc.lengths
@@ -544,19 +578,26 @@ def perplexity(
         if not 1 <= int(stride) < max_length:
             raise ConfigError(f"stride must be in 1..max_length-1 ({max_length - 1}), got {stride}")
         enc = encode_texts(model, ts.texts, 1 << 62)
-        rows, own, sc = [], [], []
+        rows, own, sc, beg = [], [], [], []
         for i, ids in enumerate(enc.ids):
             for b, e, s in sliding_windows(len(ids), max_length, int(stride)):
                 rows.append(ids[b:e])
                 own.append(i)
                 sc.append(s)
+                beg.append(b)
         owner = np.asarray(own, dtype=np.int64)
+        begin = np.asarray(beg, dtype=np.int64)
         score = np.asarray(sc, dtype=np.int64)
         n_trunc = 0
         n_tok = enc.lengths
+    sink = None
+    if token_nll is not None:
+        def sink(row, pos, tok, nll):  # window rows -> (text, position in the text)
+            token_nll(owner[row], begin[row] + pos, tok, nll)
+
     res = forward_chunks(model, rows, nll=True, score_from=score, batch_size=batch_size,
                          position_chunk=position_chunk, progress=progress,
-                         desc=f"ppl {model.name}")
+                         desc=f"ppl {model.name}", token_sink=sink)
     nll_sum = np.zeros(len(ts), dtype=np.float64)
     n_pred = np.zeros(len(ts), dtype=np.int64)
     np.add.at(nll_sum, owner, res.nll_sum)
@@ -577,3 +618,60 @@ def perplexity(
                 "dtype": str(model.dtype).replace("torch.", ""), "model": model.name,
                 "texts": ts.source, "texts_hash": ts.hash}
     return PerplexityResult(tuple(out), corpus, n_trunc, len(rows), settings)
+
+
+class TokenNLLWriter:
+    """Streams token-level NLL to parquet, one row group per batch (bounded memory).
+
+    Columns: ``id`` (the text's id), ``position`` (the token's position in the text; 0 is the
+    first token, never scored), ``token_id``, ``token`` (its decoded string), ``nll`` (nats).
+    Use as the ``token_nll`` callback of :func:`perplexity`::
+
+        with TokenNLLWriter("tokens.parquet", model.tokenizer, texts.ids) as w:
+            perplexity(model, texts, token_nll=w)
+    """
+
+    def __init__(self, path: str | os.PathLike[str], tokenizer, ids: Sequence[str]) -> None:
+        import pyarrow as pa
+
+        self.path = Path(path)
+        self.ids = [str(x) for x in ids]
+        self.tokenizer = tokenizer
+        self.n_rows = 0
+        self.schema = pa.schema([("id", pa.string()), ("position", pa.int64()),
+                                 ("token_id", pa.int64()), ("token", pa.string()),
+                                 ("nll", pa.float64())])
+        self._writer = None
+        self._tmp: Path | None = None
+
+    def __enter__(self) -> TokenNLLWriter:
+        import pyarrow.parquet as pq
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = self.path.with_name(f".{self.path.name}.tmp")
+        self._writer = pq.ParquetWriter(str(self._tmp), self.schema)
+        return self
+
+    def __call__(self, text, position, token, nll) -> None:
+        import pyarrow as pa
+
+        if self._writer is None:
+            raise RuntimeError("use TokenNLLWriter as a context manager")
+        tok = [self.tokenizer.decode([int(t)]) for t in token]
+        batch = pa.record_batch([
+            pa.array([self.ids[int(i)] for i in text], pa.string()),
+            pa.array(np.asarray(position, dtype=np.int64)),
+            pa.array(np.asarray(token, dtype=np.int64)),
+            pa.array([str(t) for t in tok], pa.string()),
+            pa.array(np.asarray(nll, dtype=np.float64)),
+        ], schema=self.schema)
+        self._writer.write_batch(batch)
+        self.n_rows += len(nll)
+
+    def __exit__(self, exc_type, *exc) -> None:
+        assert self._writer is not None and self._tmp is not None
+        self._writer.close()
+        if exc_type is None:
+            os.replace(self._tmp, self.path)  # whole file or nothing
+        else:
+            self._tmp.unlink(missing_ok=True)
