@@ -15,13 +15,17 @@ from .core import (
     extract_tokens,
     load_activations,
 )
+from .export import FORMATS, export_activations, from_disk
 
 __all__ = [
+    "FORMATS",
     "POOLINGS",
     "Activations",
     "TokenActivations",
     "encode_texts",
+    "export_activations",
     "extract",
     "extract_tokens",
+    "from_disk",
     "load_activations",
 ]
