@@ -7,6 +7,7 @@ tiny GPT-NeoX (``refs/step64``, ``refs/step128``), resolved by the real ``huggin
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -96,7 +97,7 @@ def test_load_model_resolves_each_revision(offline):
 
 
 def test_sweep_over_offline_revisions(offline, tmp_path, capsys):
-    _, sources = offline
+    root, sources = offline
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(CORPUS[:12]) + "\n")
     common = ["--texts", str(texts), "--n", "12", "--layers", "0,2,final", "--n-null", "5",
@@ -109,6 +110,10 @@ def test_sweep_over_offline_revisions(offline, tmp_path, capsys):
     print(capsys.readouterr().out)
     df = pd.read_parquet(out / "sweep.parquet")
     assert set(df["revision"]) == {"step64", "step128"} and set(df["model"]) == {REPO}
+    refs = root / "hub" / "models--tinyorg--tiny-neox" / "refs"
+    jobs = json.loads((out / "manifest.json").read_text())["jobs"]
+    assert {j["revision"]: j["commit"] for j in jobs} == {
+        rev: (refs / rev).read_text() for rev in REVISIONS}
 
     # each revision's rows equal a sweep of that checkpoint's own folder (the same weights)
     for rev, src in sources.items():
