@@ -51,6 +51,11 @@ def _record(arch: str, what: str, value: float) -> None:
     DEVIATIONS.setdefault(arch, {})[what] = max(value, DEVIATIONS.get(arch, {}).get(what, 0.0))
 
 
+def _show(arch: str) -> None:
+    d = DEVIATIONS.get(arch, {})
+    print(f"\npeer deviation {arch:14s} " + "  ".join(f"{k}={v:.2e}" for k, v in d.items()))
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def tiny(request, tiny_dir):
     return lmgeom.load_model(str(tiny_dir(request.param)), device="cpu")
@@ -84,6 +89,7 @@ def _check_states(model, texts, arch: str, atol: float, rtol: float) -> None:
             normed = model.apply_final_norm(torch.from_numpy(toks.get(i, str(L)))).numpy()
         np.testing.assert_allclose(normed, toks.get(i, "final"), rtol=rtol, atol=atol)
     assert set(labels) == set(want) | {str(L)}
+    _show(arch)
 
 
 def _check_perplexity(model, texts, arch: str, tol: float) -> None:
@@ -99,6 +105,7 @@ def _check_perplexity(model, texts, arch: str, tol: float) -> None:
         assert res.texts[i].n_predicted == len(ids) - 1
         assert got == pytest.approx(want, rel=tol)
         assert chunks.mean_nll[i] == pytest.approx(loss, abs=tol)
+    _show(arch)
 
 
 def _arch(model) -> str:
@@ -120,13 +127,6 @@ def test_bundled_smollm_agrees_with_transformers(smollm):
     texts = CORPUS[:3]
     _check_states(smollm, texts, "smollm2-135m", atol=1e-3, rtol=1e-4)  # |h| reaches ~300
     _check_perplexity(smollm, texts, "smollm2-135m", tol=1e-4)
-
-
-def test_zz_report_deviations():
-    """Prints the measured deviations (run with -s); fails if a recorded one is not finite."""
-    for arch, d in sorted(DEVIATIONS.items()):
-        print(f"peer deviation {arch:14s} " + "  ".join(f"{k}={v:.2e}" for k, v in d.items()))
-        assert all(math.isfinite(v) for v in d.values())
 
 
 # ---------------------------------------------------------------------- spectral peers
