@@ -25,6 +25,9 @@ $(VENV)/.stamp-base: pyproject.toml Makefile
 
 $(VENV)/.stamp-dev: $(VENV)/.stamp-base
 	$(PIP) install -q -e '.[dev,hf,knn,train,ray]'
+	# reptrix (the RankMe / alpha-ReQ peer in tests/test_peers.py) declares torchvision, which
+	# would pull a CUDA torch; it never imports it, so install it without its declared deps
+	$(PIP) install -q --no-deps reptrix==0.1.0
 	touch $@
 
 setup: $(VENV)/.stamp-base

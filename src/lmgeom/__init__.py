@@ -26,6 +26,7 @@ _LAZY = {
     "Activations": "lmgeom.activations",
     "TokenActivations": "lmgeom.activations",
     "load_activations": "lmgeom.activations",
+    "export_activations": "lmgeom.activations",
     "metrics": "lmgeom.metrics",
 }
 

@@ -20,6 +20,7 @@ from .core import (
     extract_tokens,
     load_activations,
 )
+from .export import FORMATS, export_activations, from_disk
 from .forward import (
     Batch,
     BatchOutput,
@@ -30,15 +31,18 @@ from .forward import (
 )
 
 __all__ = [
+    "FORMATS",
     "POOLINGS",
     "Activations",
     "Batch",
     "BatchOutput",
     "TokenActivations",
     "encode_texts",
+    "export_activations",
     "extract",
     "extract_tokens",
     "forward_batch",
+    "from_disk",
     "load_activations",
     "pad_batch",
     "position_ids_from_mask",

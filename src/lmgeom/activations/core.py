@@ -101,6 +101,7 @@ class Activations:
         n_tokens: tokens per text after truncation, ``(n_texts,)``.
         n_truncated: texts cut to ``max_length``.
         row_text / row_pos: for ``tokens`` pooling, the text index and position of each row.
+        row_token: for ``tokens`` pooling, the token id at each row (None in older files).
         key: the cache key.
     """
 
@@ -118,6 +119,7 @@ class Activations:
     row_pos: np.ndarray | None = None
     key: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    row_token: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -160,11 +162,41 @@ class Activations:
         if self.row_text is not None:
             tensors["row_text"] = self.row_text
             tensors["row_pos"] = self.row_pos
+        if self.row_token is not None:
+            tensors["row_token"] = self.row_token
         digest = _digest(tensors)
         with atomic_path(st) as tmp:
             save_file(tensors, str(tmp), metadata={"sha256": digest})
         write_json(js, {**self.manifest(), "sha256": digest})
         return st, js
+
+    # data formats (activations/export.py)
+    def export(self, out: str | os.PathLike[str], *, format: str = "safetensors",
+               push_to_hub: str | None = None) -> list[Path]:
+        """Write as ``safetensors`` / ``parquet`` / ``hf``; see :func:`export_activations`."""
+        from .export import export_activations
+
+        return export_activations(self, out, format=format, push_to_hub=push_to_hub)
+
+    def to_dataset(self):
+        """A ``datasets.Dataset``: one row per text (or sampled token), a column per layer."""
+        from .export import to_dataset
+
+        return to_dataset(self)
+
+    def to_pandas(self, layer: str | int):
+        """One layer as a DataFrame: ``id``, ``label`` (token rows add ``text_index``,
+        ``position``, ``token_id``), then ``dim_0 .. dim_{d-1}``."""
+        from .export import to_pandas
+
+        return to_pandas(self, layer)
+
+    @classmethod
+    def from_disk(cls, path: str | os.PathLike[str]) -> Activations:
+        """Read a safetensors pair, a ``.parquet`` file or an ``hf`` dataset folder."""
+        from .export import from_disk
+
+        return from_disk(path)
 
 
 def load_activations(path: str | os.PathLike[str]) -> Activations:
@@ -203,6 +235,7 @@ def load_activations(path: str | os.PathLike[str]) -> Activations:
         row_text=tensors.get("row_text"),
         row_pos=tensors.get("row_pos"),
         key=man.get("key", ""),
+        row_token=tensors.get("row_token"),
     )
 
 
@@ -396,12 +429,16 @@ class ExtractionPlan:
                  timings: dict[str, float] | None = None) -> Activations:
         pooling = self.settings["pooling"]
         states, row_text, row_pos = _assemble(list(shards), len(ts), pooling)
+        row_token = None
+        if row_text is not None:
+            row_token = np.array([self.enc.ids[t][p] for t, p in zip(row_text, row_pos)],
+                                 dtype=np.int64)
         return Activations(
             states=states, layers=self.points, model=self.model_name,
             model_identity=self.model_identity, texts_hash=ts.hash, text_ids=ts.ids,
             labels=ts.labels, settings=self.settings, n_tokens=self.enc.lengths,
             n_truncated=self.enc.n_truncated, row_text=row_text, row_pos=row_pos, key=self.key,
-            timings=dict(timings or {}),
+            timings=dict(timings or {}), row_token=row_token,
         )
 
 
@@ -539,6 +576,10 @@ class TokenActivations:
     model: str
     settings: dict[str, Any]
     _where: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
+    text_ids: tuple[str, ...] = ()
+    labels: tuple[str, ...] | None = None
+    texts_hash: str = ""
+    token_ids: tuple[np.ndarray, ...] = field(default=(), repr=False)
 
     def __len__(self) -> int:
         return self.n_texts
@@ -562,6 +603,19 @@ class TokenActivations:
         """Yield ``(text_index, (T_i, d) array)`` for every text at ``layer``."""
         for i in range(self.n_texts):
             yield i, self.get(i, layer)
+
+    def export(self, out: str | os.PathLike[str], *, format: str = "parquet",
+               push_to_hub: str | None = None) -> list[Path]:
+        """Write one row per token as ``parquet`` / ``hf``; see :func:`export_activations`."""
+        from .export import export_activations
+
+        return export_activations(self, out, format=format, push_to_hub=push_to_hub)
+
+    def to_dataset(self):
+        """A ``datasets.Dataset`` with one row per token (text id, position, token id)."""
+        from .export import to_dataset
+
+        return to_dataset(self)
 
 
 def extract_tokens(
@@ -631,7 +685,8 @@ def extract_tokens(
             pass
     return TokenActivations(
         folder=store.dir, layers=points, n_texts=len(ts), n_tokens=enc.lengths,
-        model=model.name, settings=settings, _where=where,
+        model=model.name, settings=settings, _where=where, text_ids=ts.ids, labels=ts.labels,
+        texts_hash=ts.hash, token_ids=enc.ids,
     )
 
 

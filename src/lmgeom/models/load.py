@@ -122,7 +122,7 @@ def load_model(
         gguf_file=gguf_file,
     )
     if identity.get("source") == "hub":
-        identity["commit"] = getattr(hf_model.config, "_commit_hash", None)
+        identity["commit"] = hub_commit(name, revision, hf_model.config)
     if device_map is None and device is not None:
         hf_model.to(device)
     identity["name"] = name
@@ -131,6 +131,27 @@ def load_model(
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     identity["tokenizer_sha256"] = _tokenizer_hash(tokenizer)
     return LanguageModel.wrap(hf_model, tokenizer, name=name, identity=identity)
+
+
+def hub_commit(repo_id: str, revision: str | None, config: Any = None) -> str | None:
+    """The commit hash a hub ``revision`` (branch, tag such as Pythia's ``step1000``, or
+    commit) resolved to, read from the local hub cache the load just used (no network).
+
+    transformers 5 no longer sets ``config._commit_hash`` on every load path, so the commit is
+    taken from the cached snapshot folder (``models--ORG--NAME/snapshots/<commit>/``). It is
+    part of the model identity and so of every cache key: a moved branch gives a new key.
+    """
+    commit = getattr(config, "_commit_hash", None)
+    if commit:
+        return str(commit)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
+        return None
+    got = try_to_load_from_cache(repo_id, "config.json", revision=revision or "main")
+    if isinstance(got, (str, os.PathLike)):
+        return Path(got).parent.name
+    return None
 
 
 def _looks_like_path(name: str) -> bool:
@@ -153,7 +174,7 @@ def _from_pretrained(source, *, name, dtype, revision, trust_remote_code, device
     try:
         config = AutoConfig.from_pretrained(source, **kwargs)
     except OSError as exc:
-        raise ModelError(_hub_message(name, exc)) from exc
+        raise ModelError(_hub_message(name, exc, revision)) from exc
     except ValueError as exc:
         raise ModelError(f"cannot read the config of {name}: {exc}") from exc
     archs = list(getattr(config, "architectures", None) or [])
@@ -174,7 +195,7 @@ def _from_pretrained(source, *, name, dtype, revision, trust_remote_code, device
             ) from exc
         raise ModelError(f"could not load {name}: {exc}") from exc
     except OSError as exc:
-        raise ModelError(_hub_message(name, exc)) from exc
+        raise ModelError(_hub_message(name, exc, revision)) from exc
     except Exception as exc:  # safetensors/gguf parse errors come as many types
         raise ModelError(
             f"could not load the weights of {name} ({type(exc).__name__}: {str(exc)[:200]}); "
@@ -187,11 +208,16 @@ def _from_pretrained(source, *, name, dtype, revision, trust_remote_code, device
     return model, tokenizer
 
 
-def _hub_message(name: str, exc: Exception) -> str:
-    return (
-        f"could not load {name!r}: {str(exc).splitlines()[0][:200]} — if this is a hub id, the "
-        "hub may be unreachable from this machine (use a bundled model, a local folder or a .gguf)"
-    )
+def _hub_message(name: str, exc: Exception, revision: str | None = None) -> str:
+    what = f"{name!r} at revision {revision!r}" if revision else repr(name)
+    hint = ("the hub may be unreachable from this machine (use a bundled model, a local folder "
+            "or a .gguf)")
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        hint = (f"HF_HUB_OFFLINE is set and the local hub cache ({constants.HF_HUB_CACHE}) has no "
+                "such snapshot: download it on a machine with a hub first, or unset HF_HUB_OFFLINE")
+    return f"could not load {what}: {str(exc).splitlines()[0][:200]} — if this is a hub id, {hint}"
 
 
 # ---------------------------------------------------------------------- conversion cache
