@@ -154,3 +154,27 @@ def test_foreign_files_are_refused(tmp_path):
     (tmp_path / "d").mkdir()
     with pytest.raises(CacheError, match="not a saved Hugging Face dataset"):
         ex.from_disk(tmp_path / "d")
+
+
+def test_cli_extract_formats_round_trip(tiny_dir, tmp_path, capsys):
+    """``lmgeom extract --format parquet|hf`` writes what ``--format safetensors`` writes."""
+    import lmgeom
+    from lmgeom.activations import from_disk
+    from lmgeom.cli import main
+
+    texts = tmp_path / "t.txt"
+    texts.write_text("\n".join(f"text number {i} about rivers and {i * 'stones '}"
+                               for i in range(10)) + "\n")
+    base = ["extract", "--model", str(tiny_dir("llama")), "--texts", str(texts), "--layers",
+            "0,1,final", "--quiet"]
+    assert main(base + ["--out", str(tmp_path / "a")]) == 0
+    ref = lmgeom.load_activations(tmp_path / "a")
+    for fmt, path in (("parquet", tmp_path / "b.parquet"), ("hf", tmp_path / "c")):
+        assert main(base + ["--format", fmt, "--out", str(path.with_suffix(""))]) == 0
+        assert str(path) in capsys.readouterr().out
+        got = from_disk(path)
+        np.testing.assert_array_equal(got.states, ref.states)
+        assert got.text_ids == ref.text_ids and got.layers == ref.layers
+    assert main(base + ["--push-to-hub", "org/name", "--out", str(tmp_path / "d")]) == 2
+    assert "--format hf" in capsys.readouterr().err
+    assert not (tmp_path / "d.safetensors").exists()

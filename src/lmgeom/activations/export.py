@@ -345,6 +345,10 @@ def write_hf(acts: AnyActivations, path: str | os.PathLike[str], *,
     try:
         ds = _arrow_dataset(acts, work / "stream.arrow", rows_per_group)
         staged = work / "dataset"
+        if os.environ.get("LMGEOM_QUIET"):
+            import datasets
+
+            datasets.disable_progress_bars()
         ds.save_to_disk(str(staged))
         del ds
         if path.exists():

@@ -29,7 +29,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_texts_args(p)
     add_extract_args(p)
     g = p.add_argument_group("output")
-    g.add_argument("--out", default="activations", help="output path stem (writes OUT.safetensors and OUT.json)")
+    g.add_argument("--out", default="activations",
+                   help="output path stem: OUT.safetensors + OUT.json, OUT.parquet, or the "
+                        "dataset folder OUT (--format hf)")
+    g.add_argument("--format", default="safetensors", choices=["safetensors", "parquet", "hf"],
+                   help="safetensors (one (layers, N, d) tensor), parquet (one row per text or "
+                        "token, one column per layer) or hf (a datasets.Dataset saved with "
+                        "save_to_disk); read any back with lmgeom.activations.from_disk(OUT)")
+    g.add_argument("--push-to-hub", default=None, metavar="REPO",
+                   help="with --format hf: also push the dataset to this hub repo (ORG/NAME; "
+                        "needs a reachable hub and a token)")
     g.add_argument("--n-tokens", type=int, default=2048, help="tokens sampled for --pooling tokens")
     g.add_argument("--seed", type=int, default=0, help="seed of text and token sampling")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -37,9 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from ..activations.export import check_export, export_activations
     from ..experiments.extract import extract_activations, layer_summary
     from ._common import engine_from_args, model_options_from_args
 
+    check_export(None, format=args.format, push_to_hub=args.push_to_hub)  # before any forward
     progress = progress_from_args(args)
     engine = engine_from_args(args)
     texts = load_texts_from_args(args)  # cheap: fail fast on a bad corpus before loading the model
@@ -48,13 +59,16 @@ def run(args) -> int:
         layers=args.layers, pooling=args.pooling, max_length=args.max_length,
         batch_size=args.batch_size, cache=not args.no_cache, n_tokens=args.n_tokens,
         seed=args.seed, progress=progress)
-    st, js = acts.save(args.out)
+    written = export_activations(acts, args.out, format=args.format,
+                                 push_to_hub=args.push_to_hub)
     print(f"{acts.model}: {len(acts.layers)} layers x {acts.states.shape[1]} vectors x d={acts.states.shape[2]} "
           f"({args.pooling} pooling, {len(texts)} texts from {texts.source}; {acts.n_truncated} truncated "
           f"to {args.max_length} tokens)")
     print_table(layer_summary(acts))
     t = acts.timings
     where = f" on {t['workers']} Ray workers" if "workers" in t else ""
-    print(f"\nwrote {st} and {js}  ({t['batches_computed']} batches computed{where}, "
+    pushed = f", pushed to {args.push_to_hub}" if args.push_to_hub else ""
+    print(f"\nwrote {' and '.join(map(str, written))}{pushed}  "
+          f"({t['batches_computed']} batches computed{where}, "
           f"{t['batches_cached']} from cache, {t['extract_s']:.1f} s)")
     return 0
