@@ -90,6 +90,10 @@ def test_load_model_resolves_each_revision(offline):
         assert all(torch.equal(got[k], want[k]) for k in want), rev
         commit = (root / "hub" / "models--tinyorg--tiny-neox" / "refs" / rev).read_text()
         assert m.identity["revision"] == rev and m.identity["commit"] == commit
+        # the weights hash is the saved folder's: identical checkpoints are detected on the hub
+        from lmgeom.models.load import weights_hash
+
+        assert m.identity["weights_sha256"] == weights_hash(sources[rev])
     a, b = (_state(sources[r]) for r in REVISIONS)
     assert not torch.equal(a["gpt_neox.embed_in.weight"], b["gpt_neox.embed_in.weight"])
     with pytest.raises(ModelError, match="revision 'step999'.*HF_HUB_OFFLINE"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -123,6 +124,10 @@ def load_model(
     )
     if identity.get("source") == "hub":
         identity["commit"] = hub_commit(name, revision, hf_model.config)
+        snapshot = hub_snapshot(name, revision)
+        if snapshot is not None:  # the weights' own hash: identical checkpoints are caught
+            with contextlib.suppress(ModelError, OSError):
+                identity["weights_sha256"] = weights_hash(snapshot)
     if device_map is None and device is not None:
         hf_model.to(device)
     identity["name"] = name
@@ -152,6 +157,16 @@ def hub_commit(repo_id: str, revision: str | None, config: Any = None) -> str | 
     if isinstance(got, (str, os.PathLike)):
         return Path(got).parent.name
     return None
+
+
+def hub_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """The local snapshot folder of a hub ``revision`` (``None`` when not cached)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover
+        return None
+    got = try_to_load_from_cache(repo_id, "config.json", revision=revision or "main")
+    return Path(got).parent if isinstance(got, (str, os.PathLike)) else None
 
 
 def _looks_like_path(name: str) -> bool:
