@@ -53,10 +53,12 @@ def disk_full_error(target: Path, *, need: int | None = None, written: int = 0) 
     free = free_bytes(target.parent)
     free_s = "unknown" if free is None else human_bytes(free)
     if need:
-        needs = f"the file needs {human_bytes(need)}; free at least {human_bytes(need)} there"
-    else:
+        needs = f"the file needs {human_bytes(need)}: free at least that much there"
+    elif written:
         needs = (f"the file needs more than the {human_bytes(written)} written when the disk "
-                 f"filled; free more than that there")
+                 "filled: free more than that there")
+    else:
+        needs = "the file did not fit: free space there"
     return CacheError(f"out of disk space while writing {target} ({free_s} free on that disk; "
                       f"{needs}, or point LMGEOM_CACHE / --out at a larger disk), then rerun: "
                       "finished work is kept and no partial file was left")
