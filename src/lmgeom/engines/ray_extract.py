@@ -57,7 +57,7 @@ class ExtractWorker:
         self.plans: dict[str, Any] = {}
 
     def prepare(self, ts, params: dict[str, Any]) -> dict[str, Any]:
-        from .core import plan_extraction
+        from ..activations.core import plan_extraction
 
         plan = plan_extraction(self.model, ts, **params)
         self.plans[plan.key] = plan
@@ -68,7 +68,7 @@ class ExtractWorker:
         if plan is None:  # a restarted actor: rebuild the plan from the corpus in the store
             import ray
 
-            from .core import plan_extraction
+            from ..activations.core import plan_extraction
 
             plan = plan_extraction(self.model, ray.get(boxed_ts[0]), **params)
             if plan.key != key:  # pragma: no cover - the worker's model changed under us
