@@ -341,6 +341,7 @@ def test_worker_node_stopped_mid_sweep(cluster, suite, local_table, tmp_path):
     assert r.returncode == 0, r.stderr
     man = json.loads((out / "manifest.json").read_text())
     assert man["failed_jobs"] == []
-    fresh = [j["name"] for j in man["jobs"] if not j.get("reused")]
+    # (a job's "name" in the manifest is overwritten by the model's own name: model@revision)
+    fresh = [f"{j['model']}@{j['revision']}" for j in man["jobs"] if not j.get("reused")]
     assert fresh == [failed[0]["name"]]
     pd.testing.assert_frame_equal(_sorted(pd.read_parquet(out / "sweep.parquet")), local_table)
