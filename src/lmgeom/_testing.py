@@ -1,5 +1,13 @@
-"""Test hooks. ``LMGEOM_TEST_SLOW_STAGE=extract|metrics|report`` slows that stage down so the
-reliability tests can SIGKILL a run inside it. A no-op otherwise (one env lookup per step)."""
+"""Test hooks, each a no-op unless its environment variable is set (one env lookup per call).
+
+* ``LMGEOM_TEST_SLOW_STAGE=extract|metrics|report`` slows that stage down (:func:`pause`) so
+  the reliability tests can SIGKILL or SIGINT a run inside it.
+* ``LMGEOM_TEST_FLAKY_DIR`` makes jobs named ``*flaky*`` fail once and ``*always-fails*``
+  always (:func:`fail_once`), to test the engines' retries across processes.
+* ``LMGEOM_TEST_HOLD_DIR`` + ``LMGEOM_TEST_HOLD=job,extract-batch`` stops the first call at
+  such a point, in whichever process reaches it first, until the test kills that process by
+  the pid it wrote (:func:`hold`): "a worker dies in the middle of a job", on purpose.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +20,46 @@ def pause(stage: str) -> None:
         time.sleep(0.4)
 
 
+def hold(point: str) -> None:
+    """Test hook: with ``LMGEOM_TEST_HOLD_DIR`` set and ``point`` listed in ``LMGEOM_TEST_HOLD``
+    (comma-separated), the first call of ``point`` across every process (an ``O_EXCL`` claim
+    file in that folder decides) writes its pid to ``<dir>/<point>.pid`` and waits until it is
+    killed or ``<dir>/<point>.release`` appears (at most ``LMGEOM_TEST_HOLD_S`` seconds, default
+    120, then it raises). Later calls pass straight through, so the retry of a killed job runs.
+
+    ``LMGEOM_TEST_HOLD_NODE=NAME`` restricts the hold to processes whose environment has
+    ``LMGEOM_TEST_NODE=NAME`` (a Ray node started with that variable: its workers inherit it).
+    """
+    folder = os.environ.get("LMGEOM_TEST_HOLD_DIR")
+    if not folder or point not in os.environ.get("LMGEOM_TEST_HOLD", "").split(","):
+        return
+    node = os.environ.get("LMGEOM_TEST_HOLD_NODE")
+    if node and os.environ.get("LMGEOM_TEST_NODE") != node:
+        return
+    try:
+        fd = os.open(os.path.join(folder, f"{point}.claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.close(fd)
+    pid_file = os.path.join(folder, f"{point}.pid")
+    with open(pid_file + ".tmp", "w") as fh:
+        fh.write(f"{os.getpid()}\n{os.environ.get('LMGEOM_TEST_NODE', '')}\n")
+    os.replace(pid_file + ".tmp", pid_file)
+    deadline = time.monotonic() + float(os.environ.get("LMGEOM_TEST_HOLD_S", "120"))
+    release = os.path.join(folder, f"{point}.release")
+    while time.monotonic() < deadline:
+        if os.path.exists(release):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"test hold at {point} was never released (LMGEOM_TEST_HOLD_DIR)")
+
+
 def fail_once(name: str) -> None:
     """Test hook: with ``LMGEOM_TEST_FLAKY_DIR`` set, the first attempt of a job whose name
     contains ``flaky`` raises (a marker file in that folder remembers it), the next succeeds —
-    so the engines' retries can be tested across processes. ``always-fails`` always raises."""
+    so the engines' retries can be tested across processes. ``always-fails`` always raises.
+    Every sweep job passes here first, so it is also the ``job`` point of :func:`hold`."""
+    hold("job")
     folder = os.environ.get("LMGEOM_TEST_FLAKY_DIR")
     if not folder:
         return

@@ -2,12 +2,15 @@
 
 Each sub-command lives in ``lmgeom.commands.<name>`` and defines ``NAME``, ``HELP``,
 ``add_arguments(parser)`` and ``run(args) -> int``. ``main(argv)`` is what tests call.
-User mistakes (:class:`~lmgeom.errors.LmgeomError`) print one line and exit 2.
+User mistakes (:class:`~lmgeom.errors.LmgeomError`) and an unusable disk (full, read-only:
+an ``OSError`` naming a file) print one line and exit 2; Ctrl-C prints one line saying what
+this run finished and kept, and exits 130. No traceback in either case (``-vv`` logs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import sys
@@ -91,12 +94,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LmgeomError as exc:
         print(f"lmgeom {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.errno not in DISK_ERRNOS:
+            raise
+        logging.getLogger(__name__).debug("disk error", exc_info=True)
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"lmgeom {args.command}: error: cannot write{where}: {exc.strerror or exc}; free "
+              "space or choose a writable --out / LMGEOM_CACHE, then rerun (finished work is "
+              "kept)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
-        print(
-            f"lmgeom {args.command}: interrupted; finished work is cached, rerun to resume",
-            file=sys.stderr,
-        )
+        print(f"lmgeom {args.command}: {interrupted_line()}", file=sys.stderr)
         return 130
+
+
+#: ``OSError`` numbers that mean "this disk cannot take the run's files"
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def interrupted_line() -> str:
+    """The line an interrupted (Ctrl-C) command prints: what this run finished and kept."""
+    from ._io import written_summary
+
+    kept = written_summary()
+    if kept:
+        return f"interrupted; kept {kept}; rerun the same command to resume from there"
+    return ("interrupted before this run finished anything new (work cached by earlier runs is "
+            "kept); rerun the same command to resume")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,7 +6,16 @@ numbers. :mod:`lmgeom.engines.ray_extract` holds the model-holding Ray actors of
 extraction.
 """
 
-from .base import ENGINES, NOT_RETRYABLE, Engine, EngineConfig, TaskOutcome, make_engine, map_calls
+from .base import (
+    ENGINES,
+    NOT_RETRYABLE,
+    ClusterError,
+    Engine,
+    EngineConfig,
+    TaskOutcome,
+    make_engine,
+    map_calls,
+)
 
-__all__ = ["ENGINES", "NOT_RETRYABLE", "Engine", "EngineConfig", "TaskOutcome", "make_engine",
-           "map_calls"]
+__all__ = ["ENGINES", "NOT_RETRYABLE", "ClusterError", "Engine", "EngineConfig", "TaskOutcome",
+           "make_engine", "map_calls"]

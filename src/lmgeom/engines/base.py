@@ -11,11 +11,14 @@ and produce the same numbers. The ``ray`` engine:
   instance for this process (``--ray-num-cpus``);
 * runs one Ray task per job, requesting ``--cpus-per-job`` CPUs and ``--gpus-per-job`` GPUs
   (a GPU job sees only its GPU through ``CUDA_VISIBLE_DEVICES`` and runs its forward on it);
-* retries a failed job up to ``--retries`` times (a crashed worker through Ray's own task
-  retries, an exception inside the job by resubmitting it); a job that still fails is
-  returned as a failure and every other job's result is kept;
-* forwards the ``LMGEOM_*`` environment variables set in this process (``LMGEOM_CACHE`` ...)
-  to the workers.
+* retries a failed job up to ``--retries`` times: the driver resubmits it, whether the job
+  raised, its worker process died (killed, out of memory) or its node left the cluster, and
+  counts every attempt (:attr:`TaskOutcome.attempts`, :attr:`TaskOutcome.history`); a job
+  that still fails is returned as a failure with the reason, and every other job's result
+  is kept;
+* forwards the ``LMGEOM_*`` environment variables set in this process to the workers, except
+  ``LMGEOM_CACHE``: a node's activation cache is its own (the ``LMGEOM_CACHE`` its
+  ``ray start`` was given, else ``~/.cache/lmgeom`` there).
 
 Ray is an optional dependency (``pip install 'lmgeom[ray]'``); it is imported only when the
 ``ray`` engine is used, never by the local engine.
@@ -26,16 +29,21 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LmgeomError
 
 log = logging.getLogger(__name__)
 
 ENGINES = ("local", "ray")
 #: failures that depend only on the user's settings: retrying cannot help
 NOT_RETRYABLE = ("ConfigError", "TextsError", "DataError")
+
+
+class ClusterError(LmgeomError):
+    """The cluster cannot finish the work: its workers keep dying (killed, out of memory, node
+    gone) beyond ``--retries``. Finished work is kept; the message says where."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,12 @@ def normalize_engine(name: str) -> str:
 
 @dataclass
 class TaskOutcome:
-    """What one mapped call produced: its return value, or the error after every attempt."""
+    """What one mapped call produced: its return value, or the error after every attempt.
+
+    ``attempts`` counts every try (1 = it worked the first time); ``history`` holds one line
+    per failed earlier attempt (``"attempt 1: WorkerCrashedError: ..."``), so a retried job
+    says what went wrong before it succeeded.
+    """
 
     value: Any
     error: str | None
@@ -109,6 +122,7 @@ class TaskOutcome:
     attempts: int
     traceback: str | None = None
     exception: BaseException | None = None
+    history: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -121,7 +135,6 @@ def retryable(error_type: str | None) -> bool:
 
 def judge(value: Any, failure_of) -> tuple[str, str] | None:
     return failure_of(value) if failure_of is not None else None
-
 
 
 #: ``(args, kwargs)`` of one call

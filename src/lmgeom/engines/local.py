@@ -27,6 +27,7 @@ class LocalEngine:
         out: list[TaskOutcome] = []
         for i, (args, kwargs) in enumerate(calls):
             attempt = 0
+            history: list[str] = []
             while True:
                 attempt += 1
                 try:
@@ -40,13 +41,14 @@ class LocalEngine:
                 else:
                     err = None
                 if fail is None:
-                    res = TaskOutcome(value, None, None, attempt)
+                    res = TaskOutcome(value, None, None, attempt, history=history)
                     break
                 if attempt <= cfg.retries and retryable(fail[0]):
                     log.warning("%s failed (attempt %d of %d): %s; retrying", names[i], attempt,
                                 1 + cfg.retries, fail[1])
+                    history.append(f"attempt {attempt}: {fail[1]}"[:500])
                     continue
-                res = TaskOutcome(value, fail[1], fail[0], attempt, tb, err)
+                res = TaskOutcome(value, fail[1], fail[0], attempt, tb, err, history=history)
                 break
             if on_done is not None:
                 on_done(i, res)

@@ -25,9 +25,15 @@ def import_ray():
     return ray
 
 
+#: per-node settings that are never forwarded: a path on the driver means nothing on a worker
+NODE_LOCAL_ENV = ("LMGEOM_CACHE",)
+
+
 def forwarded_env() -> dict[str, str]:
-    """The ``LMGEOM_*`` variables of this process, passed on to Ray workers."""
-    return {k: v for k, v in os.environ.items() if k.startswith("LMGEOM_")}
+    """The ``LMGEOM_*`` variables of this process, passed on to Ray workers (except the
+    per-node ones, :data:`NODE_LOCAL_ENV`: each node keeps its own activation cache)."""
+    return {k: v for k, v in os.environ.items()
+            if k.startswith("LMGEOM_") and k not in NODE_LOCAL_ENV}
 
 
 def ensure_ray(cfg: EngineConfig):
@@ -62,11 +68,21 @@ def _init_ray(ray, cfg: EngineConfig) -> None:
     log.info("Ray: %s CPUs, %s GPUs", res.get("CPU", 0), res.get("GPU", 0))
 
 
+def failure_of_ray_error(ray, exc: BaseException) -> tuple[str, str, str | None, BaseException]:
+    """``(error_type, message, traceback, exception)`` of what ``ray.get`` raised: the job's
+    own exception for a :class:`RayTaskError`, else Ray's (worker died, node died, ...)."""
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+        return type(cause).__name__, f"{type(cause).__name__}: {cause}", str(exc)[-2000:], cause
+    text = " ".join(str(exc).split())
+    return type(exc).__name__, f"{type(exc).__name__}: {text[:400]}", None, exc
+
 
 class RayEngine:
-    """Runs each call as a Ray task (see :class:`~lmgeom.engines.base.Engine`); a crashed
-    worker is resubmitted by Ray, an exception inside a call by the driver, both bounded by
-    ``config.retries``."""
+    """Runs each call as a Ray task (see :class:`~lmgeom.engines.base.Engine`). Every failed
+    attempt — an exception inside the call, a worker process that died, a node that left the
+    cluster — is resubmitted by the driver (bounded by ``config.retries``) and counted, so
+    ``attempts`` and ``history`` say what happened; Ray's own silent task retries are off."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -78,11 +94,12 @@ class RayEngine:
         ray = ensure_ray(cfg)
         remote = ray.remote(fn).options(
             num_cpus=cfg.cpus_per_job, num_gpus=cfg.gpus_per_job or 0,
-            max_retries=cfg.retries,  # worker / node crashes: Ray resubmits by itself
+            max_retries=0,            # worker / node crashes: resubmitted (and counted) below
             retry_exceptions=False,   # exceptions: judged and resubmitted below
             runtime_env={"env_vars": forwarded_env()} if forwarded_env() else None,
         )
         pending: dict[Any, tuple[int, int]] = {}
+        history: dict[int, list[str]] = {i: [] for i in range(len(calls))}
         shared: dict[int, Any] = {}  # an object passed to several calls goes to the store once
 
         def ref_of(v: Any) -> Any:
@@ -109,24 +126,22 @@ class RayEngine:
                 try:
                     value = ray.get(ref)
                     fail = judge(value, failure_of)
-                except ray.exceptions.RayTaskError as exc:  # the function raised
-                    cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-                    value, fail, tb = None, (type(cause).__name__, f"{type(cause).__name__}: {cause}"), str(exc)[-2000:]
-                    err = cause
-                except ray.exceptions.RayError as exc:  # worker died, object lost, ...
-                    value, fail, tb = None, (type(exc).__name__, f"{type(exc).__name__}: {exc}"), None
-                    err = exc
+                except ray.exceptions.RayError as exc:  # the call raised, its worker / node died
+                    etype, msg, tb, err = failure_of_ray_error(ray, exc)
+                    value, fail = None, (etype, msg)
                 if fail is not None and attempt <= cfg.retries and retryable(fail[0]):
                     log.warning("%s failed (attempt %d of %d): %s; retrying", names[i], attempt,
                                 1 + cfg.retries, fail[1])
+                    history[i].append(f"attempt {attempt}: {fail[1]}"[:500])
                     submit(i, attempt + 1)
                     continue
                 res = TaskOutcome(value, None if fail is None else fail[1],
-                                  None if fail is None else fail[0], attempt, tb, err)
+                                  None if fail is None else fail[0], attempt, tb, err,
+                                  history=history[i])
                 out[i] = res
                 if on_done is not None:
                     on_done(i, res)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or on_done failed (disk full): stop what is queued
             for ref in pending:
                 ray.cancel(ref, force=True)
             raise

@@ -16,9 +16,14 @@ same per-batch code. The difference is who runs the forwards:
    local ``lmgeom.extract`` (or ``lmgeom analyze``) with the same settings reads everything
    from the cache.
 
-A crashed actor is restarted by Ray (bounded by ``--retries``) and its batches are
-resubmitted; an error inside a batch (e.g. non-finite states) stops the extraction with that
-error, as a local run would.
+An actor that dies (its process killed or out of memory, its node gone) is replaced by a new
+one, placed wherever the cluster has room, and the batches it held are resubmitted first; a
+batch lost more than ``--retries`` times stops the extraction with a
+:class:`~lmgeom.engines.base.ClusterError` (the shards already written stay in the cache, so a
+rerun resumes). The driver does all of this itself (Ray's own actor restarts and task retries
+are off) so it can count it: ``timings["batches_lost"]``, ``timings["workers_replaced"]``.
+An error inside a batch (e.g. non-finite states) stops the extraction with that error, as a
+local run would.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ from typing import Any
 
 import numpy as np
 
+from .._testing import hold
 from ..activations.core import Activations, progress_bar
 from ..errors import ConfigError, LmgeomError, TextsError
-from .base import EngineConfig
+from .base import ClusterError, EngineConfig
 from .ray_cluster import ensure_ray, forwarded_env
 
 log = logging.getLogger(__name__)
@@ -51,7 +57,7 @@ class ExtractWorker:
         self.plans: dict[str, Any] = {}
 
     def prepare(self, ts, params: dict[str, Any]) -> dict[str, Any]:
-        from .core import plan_extraction
+        from ..activations.core import plan_extraction
 
         plan = plan_extraction(self.model, ts, **params)
         self.plans[plan.key] = plan
@@ -62,12 +68,13 @@ class ExtractWorker:
         if plan is None:  # a restarted actor: rebuild the plan from the corpus in the store
             import ray
 
-            from .core import plan_extraction
+            from ..activations.core import plan_extraction
 
             plan = plan_extraction(self.model, ray.get(boxed_ts[0]), **params)
             if plan.key != key:  # pragma: no cover - the worker's model changed under us
                 raise RuntimeError(f"plan key changed on a restarted worker ({plan.key} != {key})")
             self.plans[key] = plan
+        hold("extract-batch")
         return plan.run_batch(self.model, bi)
 
 
@@ -133,24 +140,24 @@ def extract_distributed(
     if len(ts) == 0:
         raise TextsError("the corpus is empty: nothing to extract")
     ray = ensure_ray(cfg)
-    params = dict(layers=layers, pooling=pooling, max_length=max_length, batch_size=batch_size,
-                  n_tokens=n_tokens, seed=seed)
+    params = {"layers": layers, "pooling": pooling, "max_length": max_length,
+              "batch_size": batch_size, "n_tokens": n_tokens, "seed": seed}
     env = forwarded_env()
     Actor = ray.remote(ExtractWorker).options(
         num_cpus=cfg.cpus_per_job, num_gpus=cfg.gpus_per_job or 0,
-        max_restarts=cfg.retries, max_task_retries=cfg.retries,
+        max_restarts=0, max_task_retries=0,  # a dead actor is replaced below, and counted
         runtime_env={"env_vars": env} if env else None)
     ts_ref = ray.put(ts)
     lk = dict(load_kwargs or {})
-    actors = [Actor.remote(model, lk, cfg.threads)]
+    actors: list[Any] = []
+    n_work, lost, replaced = 0, 0, 0
+
+    def new_actor() -> Any:
+        actors.append(Actor.remote(model, lk, cfg.threads))
+        return actors[-1]
+
     try:
-        try:
-            head = ray.get(actors[0].prepare.remote(ts_ref, params))
-        except ray.exceptions.RayError as exc:
-            cause = _unwrap(ray, exc)
-            if isinstance(cause, LmgeomError):
-                raise cause from None
-            raise
+        head = _prepare(ray, new_actor, ts_ref, params, cfg.retries)
         plan = head["plan"]
         store = plan.store(cache, cache_root)
         shards: list[dict[str, np.ndarray] | None] = [None] * len(plan.batches)
@@ -160,50 +167,86 @@ def extract_distributed(
                 shards[bi] = store.get(bi)
             missing = [bi for bi, s in enumerate(shards) if s is None]
             n_work = _n_workers(ray, cfg, len(missing)) if missing else 0
-            actors += [Actor.remote(model, lk, cfg.threads) for _ in range(max(0, n_work - 1))]
-            bar = progress_bar(len(plan.batches), f"extract {plan.model_name} (ray x{max(n_work, 1)})",
-                            progress)
+            slots = [actors[-1]] + [new_actor() for _ in range(max(0, n_work - 1))]
+            gen = [0] * len(slots)   # incarnation of each slot's actor
+            load = [0] * len(slots)  # batches in flight per slot (two keep an actor busy)
+            bar = progress_bar(len(plan.batches),
+                               f"extract {plan.model_name} (ray x{max(n_work, 1)})", progress)
             bar.update(len(plan.batches) - len(missing))
             queue = list(missing)
             tries = {bi: 0 for bi in missing}
-            inflight: dict[Any, tuple[int, int]] = {}
+            inflight: dict[Any, tuple[int, int, int]] = {}
 
-            def feed(a: int) -> None:
-                if queue:
-                    bi = queue.pop(0)
-                    tries[bi] += 1
-                    inflight[actors[a].run.remote(plan.key, bi, [ts_ref], params)] = (bi, a)
+            def fill() -> None:
+                for a in range(len(slots) if missing else 0):
+                    while load[a] < 2 and queue:
+                        bi = queue.pop(0)
+                        tries[bi] += 1
+                        load[a] += 1
+                        ref = slots[a].run.remote(plan.key, bi, [ts_ref], params)
+                        inflight[ref] = (bi, a, gen[a])
 
-            for a in range(len(actors) if missing else 0):
-                feed(a)
-                feed(a)
+            fill()
             while inflight:
                 done, _ = ray.wait(list(inflight), num_returns=1)
                 ref = done[0]
-                bi, a = inflight.pop(ref)
+                bi, a, g = inflight.pop(ref)
+                if g == gen[a]:
+                    load[a] -= 1
                 try:
                     got = ray.get(ref)
                 except ray.exceptions.RayTaskError as exc:
                     cause = _unwrap(ray, exc)
                     raise cause if isinstance(cause, LmgeomError) else exc
-                except ray.exceptions.RayError as exc:  # the actor died for good
+                except ray.exceptions.RayError as exc:  # the actor died (killed, OOM, node gone)
+                    lost += 1
+                    why = " ".join(str(exc).split())[:300]
                     if tries[bi] > cfg.retries:
-                        raise RuntimeError(f"batch {bi} failed {tries[bi]} times on Ray workers: "
-                                           f"{exc}") from exc
-                    log.warning("batch %d lost (%s); resubmitting", bi, type(exc).__name__)
-                    actors[a] = Actor.remote(model, lk, cfg.threads)
+                        done_n = sum(s is not None for s in shards)
+                        raise ClusterError(
+                            f"batch {bi} of {plan.model_name} was lost {tries[bi]} times: Ray "
+                            f"workers keep dying ({type(exc).__name__}: {why}). {done_n} of "
+                            f"{len(shards)} shards are in the cache {store.dir}; rerun to "
+                            "resume (raise --retries, or check the nodes' memory)") from exc
+                    log.warning("batch %d lost with its Ray worker (%s); resubmitting it",
+                                bi, type(exc).__name__)
                     queue.insert(0, bi)
-                    feed(a)
+                    if g == gen[a]:  # the first news of this actor's death: replace it once
+                        ray.kill(slots[a], no_restart=True)
+                        slots[a] = new_actor()
+                        gen[a] += 1
+                        load[a] = 0
+                        replaced += 1
+                    fill()
                     continue
                 store.put(bi, got)
                 shards[bi] = got
                 bar.update(1)
-                feed(a)
+                fill()
             bar.close()
     finally:
-        for a in actors:
-            ray.kill(a, no_restart=True)
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
     return plan.assemble([s for s in shards if s is not None], ts, timings={
         "extract_s": time.perf_counter() - t0, "batches_computed": len(missing),
         "batches_cached": len(plan.batches) - len(missing), "workers": n_work,
-        "device": head["device"]})
+        "batches_lost": lost, "workers_replaced": replaced, "device": head["device"]})
+
+
+def _prepare(ray, new_actor, ts_ref, params: dict[str, Any], retries: int) -> dict[str, Any]:
+    """Load the model on a first actor and build the plan there (a new actor if it dies)."""
+    for attempt in range(1 + retries):
+        try:
+            return ray.get(new_actor().prepare.remote(ts_ref, params))
+        except ray.exceptions.RayTaskError as exc:
+            cause = _unwrap(ray, exc)
+            if isinstance(cause, LmgeomError):
+                raise cause from None
+            raise
+        except ray.exceptions.RayError as exc:  # the actor died while loading the model
+            if attempt == retries:
+                raise ClusterError(f"the Ray worker loading the model died {1 + retries} times "
+                                   f"({type(exc).__name__}); check the nodes' memory") from exc
+            log.warning("the Ray worker loading the model died (%s); starting another",
+                        type(exc).__name__)
+    raise AssertionError("unreachable")  # pragma: no cover
