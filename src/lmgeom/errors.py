@@ -29,3 +29,8 @@ class DataError(LmgeomError):
 
 class CacheError(LmgeomError):
     """The cache or an output folder cannot be used (corrupt entry, out of disk, other run)."""
+
+
+class ClusterError(LmgeomError):
+    """The cluster cannot finish the work: its workers keep dying (killed, out of memory, node
+    gone) beyond ``--retries``. Finished work is kept; the message says where."""

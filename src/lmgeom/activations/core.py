@@ -165,7 +165,8 @@ class Activations:
         if self.row_token is not None:
             tensors["row_token"] = self.row_token
         digest = _digest(tensors)
-        with atomic_path(st) as tmp:
+        need = sum(v.nbytes for v in tensors.values()) + 4096
+        with atomic_path(st, need=need) as tmp:
             save_file(tensors, str(tmp), metadata={"sha256": digest})
         write_json(js, {**self.manifest(), "sha256": digest})
         return st, js
@@ -254,7 +255,7 @@ class ShardCache:
     def __init__(self, key: str, settings: dict[str, Any], enabled: bool, root: Path | None):
         self.enabled = enabled
         self.key = key
-        self.dir = (root or _cache_root("activations")) / key
+        self.dir = (root or _cache_root("activations", create=enabled)) / key
         if enabled:
             self.dir.mkdir(parents=True, exist_ok=True)
             meta = self.dir / "meta.json"
@@ -291,7 +292,8 @@ class ShardCache:
         from safetensors.numpy import save_file
 
         tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-        with atomic_path(self.path(i)) as tmp:
+        need = sum(v.nbytes for v in tensors.values()) + 4096
+        with atomic_path(self.path(i), need=need) as tmp:
             save_file(tensors, str(tmp), metadata={"sha256": _digest(tensors)})
 
     def drop_stale(self) -> None:

@@ -32,18 +32,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import ConfigError, LmgeomError
+from ..errors import ClusterError, ConfigError  # noqa: F401 - ClusterError re-exported
 
 log = logging.getLogger(__name__)
 
 ENGINES = ("local", "ray")
 #: failures that depend only on the user's settings: retrying cannot help
 NOT_RETRYABLE = ("ConfigError", "TextsError", "DataError")
-
-
-class ClusterError(LmgeomError):
-    """The cluster cannot finish the work: its workers keep dying (killed, out of memory, node
-    gone) beyond ``--retries``. Finished work is kept; the message says where."""
 
 
 @dataclass(frozen=True)

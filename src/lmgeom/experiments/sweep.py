@@ -316,6 +316,7 @@ def run_jobs(
                                         "error_type": outcome.error_type}, outcome.error)
             log.warning("sweep job %s failed: %s", job.name, outcome.error)
         res.info["attempts"] = outcome.attempts
+        res.info["attempt_errors"] = list(outcome.history)
         res.info["engine"] = cfg.engine
         if res.ok and res.frame is not None:
             fpath, ipath = _result_paths(work, keys[i])
@@ -422,9 +423,9 @@ def gather(results: Sequence[JobResult], *, primary_ccr: int = 1) -> tuple[pd.Da
         log.warning("IDENTICAL WEIGHTS: %s have the same weights hash — these checkpoints are the "
                     "same model; their rows are duplicates, not a trajectory", ", ".join(group))
     entries = {
-        "jobs": [{"name": r.job.name, "model": r.job.model, "revision": r.job.revision,
-                  "spec": r.job.spec, "ok": r.ok, "error": r.error,
-                  **{k: v for k, v in r.info.items() if k not in ("job", "traceback")}}
+        "jobs": [{**{k: v for k, v in r.info.items() if k not in ("job", "traceback")},
+                  "name": r.job.name, "model": r.job.model, "revision": r.job.revision,
+                  "spec": r.job.spec, "ok": r.ok, "error": r.error}
                  for r in results],
         "failed_jobs": [{"name": r.job.name, "error": r.error,
                          "attempts": r.info.get("attempts", 1),
