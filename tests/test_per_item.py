@@ -80,14 +80,14 @@ def test_log_samples_refuses_token_pooling(tiny_dir, tmp_path, capsys):
     ("trust_remote_code=True", {"trust_remote_code": True}),
 ])
 def test_model_args_parse(spec, want):
-    from lmgeom.commands._common import parse_model_args
+    from lmgeom.commands.options import parse_model_args
 
     assert parse_model_args(spec) == want
 
 
 def test_model_args_merge_and_contradict():
     from lmgeom.cli import build_parser
-    from lmgeom.commands._common import apply_model_args
+    from lmgeom.commands.options import apply_model_args
     from lmgeom.errors import ConfigError
 
     p = build_parser()

@@ -163,8 +163,10 @@ def test_resume_after_interruption_is_bit_identical(tmp_path, micro_suite, micro
     m = train_suite(part, micro_config, progress=False, stop_after_steps=3)
     assert {v["status"] for v in m["widths"].values()} == {"partial"}
     state = part / "16" / "_state"
+    # the one checkpoint format of lmgeom.training.checkpoint (also used by the fine-tuning)
     assert sorted(p.name for p in state.iterdir()) == [
-        "model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json"]
+        "optimizer.safetensors", "state.json", "trainable.safetensors"]
+    assert json.loads((state / "state.json").read_text())["which"] == "all"
     assert json.loads((state / "state.json").read_text())["step"] == 2  # last checkpoint <= 3
     m = train_suite(part, micro_config, progress=False, stop_after_steps=4)  # a second kill
     m = train_suite(part, micro_config, progress=False)

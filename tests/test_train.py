@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from lmgeom.cli import main
 from lmgeom.errors import ConfigError
-from lmgeom.training.finetune import (
+from lmgeom.experiments.finetune import (
     BatchSchedule,
     Domain,
     FinetuneConfig,
@@ -97,7 +97,7 @@ def test_full_finetune_end_to_end(tiny_dir, corpora, tmp_path):
     assert len(log) == 1 + 4
     assert not (out / "arms" / "push-away" / "checkpoint").exists()  # removed once finished
     # the saved weights are the trained ones: step-4 perplexity reproduced from the folder
-    from lmgeom.training.finetune import evaluate, prepare_data
+    from lmgeom.experiments.finetune import evaluate, prepare_data
 
     cfg = FinetuneConfig(model=str(tiny), texts=(corpora["prose"],), batch_size=4, seq_len=16,
                          eval_chunks=4)
@@ -160,7 +160,7 @@ def test_lora_compare_cross_domain(tiny_dir, corpora, tmp_path):
     assert "Perplexity and dispersion over training steps" in html
     # --merge-lora: a plain model folder with the adapter folded in (reproduces the final ppl)
     from lmgeom.models import load_model
-    from lmgeom.training.finetune import FinetuneConfig, evaluate, prepare_data
+    from lmgeom.experiments.finetune import FinetuneConfig, evaluate, prepare_data
 
     merged = load_model(out / "arms" / "push-away" / "merged", device="cpu")
     cfg = FinetuneConfig(model="x", texts=(corpora["prose"], corpora["code"]), batch_size=4,
@@ -226,7 +226,7 @@ def test_schedule_split_and_config_checks():
 def test_chunk_ci_is_the_documented_bootstrap():
     """Perplexity CI = exp of the percentile interval of sum(NLL)/sum(tokens) over chunks
     resampled with default_rng(seed).integers(0, n, n), checked against an explicit loop."""
-    from lmgeom.training.finetune import chunk_ci
+    from lmgeom.experiments.finetune import chunk_ci
 
     rng = np.random.default_rng(3)
     ntok = rng.integers(50, 128, 40).astype(float)

@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        from .commands._common import apply_model_args
+        from .commands.options import apply_model_args
 
         apply_model_args(args)
         return int(args._run(args) or 0)

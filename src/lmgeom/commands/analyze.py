@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import (
+from .options import (
     add_engine_args,
     add_extract_args,
     add_model_args,
@@ -67,7 +67,7 @@ def layer_config_from_args(args, *, logit_lens: bool = True, k: int | None = Non
 def run(args) -> int:
     from ..experiments.analyze import AnalyzeConfig
     from ..models.bundled import DEFAULT_MODEL
-    from ._common import (
+    from .options import (
         default_out,
         engine_from_args,
         model_options_from_args,

@@ -6,7 +6,7 @@ import argparse
 import itertools
 import time
 
-from ._common import (
+from .options import (
     add_extract_args,
     add_model_args,
     add_run_args,

@@ -6,7 +6,7 @@ import argparse
 
 from ..experiments.dispersion import DEFAULT_GROUP_SIZE, DEFAULT_MAX_GROUPS
 from ..texts.chunks import DEFAULT_CHUNK_LEN
-from ._common import (
+from .options import (
     add_model_args,
     add_run_args,
     add_texts_args,

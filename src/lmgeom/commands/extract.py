@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import (
+from .options import (
     add_engine_args,
     add_extract_args,
     add_model_args,
@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from ..activations.export import check_export, export_activations
     from ..experiments.extract import extract_activations, layer_summary
-    from ._common import engine_from_args, model_options_from_args
+    from .options import engine_from_args, model_options_from_args
 
     check_export(None, format=args.format, push_to_hub=args.push_to_hub)  # before any forward
     progress = progress_from_args(args)

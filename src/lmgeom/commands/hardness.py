@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..experiments.base import run_experiment
-from ._common import (
+from .options import (
     add_model_args,
     add_run_args,
     add_texts_args,

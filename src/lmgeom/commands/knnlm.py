@@ -7,7 +7,7 @@ import argparse
 
 from ..experiments import knnlm as kx  # the experiment's defaults
 from ..lm import knnlm as kl  # the kNN-LM's defaults
-from ._common import (
+from .options import (
     add_model_args,
     add_run_args,
     default_out,

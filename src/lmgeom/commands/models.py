@@ -36,7 +36,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from ._common import print_table
+    from .options import print_table
 
     print_table(rows)
     print("\nAny Hugging Face hub id, local model folder or .gguf file works too (--model SPEC).")

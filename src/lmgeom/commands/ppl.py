@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import (
+from .options import (
     add_model_args,
     add_texts_args,
     model_options_from_args,

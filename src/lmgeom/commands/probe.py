@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ._common import (
+from .options import (
     add_extract_args,
     add_model_args,
     add_run_args,

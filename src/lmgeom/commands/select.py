@@ -8,7 +8,7 @@ import math
 import time
 
 from ..experiments.select import DEFAULT_GENERAL_TEXTS
-from ._common import add_run_args, print_table, progress_from_args
+from .options import add_run_args, print_table, progress_from_args
 
 NAME = "select"
 HELP = "rank models / checkpoints for a domain by the dispersion gap (no labels), vs perplexity"

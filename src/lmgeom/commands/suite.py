@@ -114,7 +114,7 @@ def _train(args) -> int:
     import time
 
     from ..training.suite import train_suite
-    from ._common import progress_from_args
+    from .options import progress_from_args
 
     config = config_from_args(args)
     progress = progress_from_args(args)
@@ -131,7 +131,7 @@ def _train(args) -> int:
 
 
 def _print_widths(manifest) -> None:
-    from ._common import print_table
+    from .options import print_table
 
     rows = []
     for w, v in sorted(manifest["widths"].items(), key=lambda kv: int(kv[0])):
@@ -168,7 +168,7 @@ def _info(args) -> int:
           f"checkpoint steps: {', '.join(map(str, m['checkpoint_steps']))}")
     _print_widths(m)
     if args.steps:
-        from ._common import print_table
+        from .options import print_table
 
         rows = []
         for w, v in sorted(m["widths"].items(), key=lambda kv: int(kv[0])):

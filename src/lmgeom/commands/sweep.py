@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import (
+from .options import (
     add_engine_args,
     add_extract_args,
     add_model_args_option,
@@ -82,7 +82,7 @@ def run(args) -> int:
 
     from ..errors import ConfigError
     from ..experiments.sweep import JobOptions, SweepConfig, jobs_from_models, jobs_from_suite
-    from ._common import engine_from_args, run_and_report, text_options_from_args
+    from .options import engine_from_args, run_and_report, text_options_from_args
     from .analyze import layer_config_from_args
 
     if bool(args.suite) == bool(args.model):

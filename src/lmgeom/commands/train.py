@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..training.finetune import ARMS, DEFAULT_LR, LORA_DEFAULTS
-from ._common import add_model_args, print_table, progress_from_args
+from ..experiments.finetune import ARMS, DEFAULT_LR, LORA_DEFAULTS
+from .options import add_model_args, print_table, progress_from_args
 
 NAME = "train"
 HELP = "fine-tune with the push-away / squeeze dispersion loss (full or LoRA); --compare runs all three arms"
@@ -100,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args):
     from ..errors import ConfigError
-    from ..training.finetune import FinetuneConfig
+    from ..experiments.finetune import FinetuneConfig
 
     if args.dtype == "float16":
         raise ConfigError("--dtype float16 is not supported for training; use float32 or "
@@ -125,7 +125,7 @@ def config_from_args(args):
 
 
 def run(args) -> int:
-    from ..training.finetune import finetune
+    from ..experiments.finetune import finetune
 
     cfg = config_from_args(args)
     out = args.out or f"runs/train-{args.model.replace('/', '_')}-{cfg.method}"

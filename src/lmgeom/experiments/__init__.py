@@ -29,6 +29,10 @@ _LAZY = {
     "analyze_model": "lmgeom.experiments.analyze",
     "SweepConfig": "lmgeom.experiments.sweep",
     "SweepResult": "lmgeom.experiments.sweep",
+    "FinetuneConfig": "lmgeom.experiments.finetune",
+    "FinetuneResult": "lmgeom.experiments.finetune",
+    "finetune": "lmgeom.experiments.finetune",
+    "compare_arms": "lmgeom.experiments.finetune",
 }
 
 __all__ = list(_LAZY)

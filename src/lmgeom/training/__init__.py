@@ -1,5 +1,6 @@
-"""Training: the small-model width suite (``suite``), its tokenizer (``tokenizer``), and — added
-by later work — the push-away / squeeze losses and fine-tuning.
+"""Training: the push-away / squeeze losses (``losses``), the one checkpoint / resume format
+(``checkpoint``), the small-model width suite (``suite``) and its tokenizer (``tokenizer``).
+The fine-tuning comparison that uses them is an experiment: :mod:`lmgeom.experiments.finetune`.
 
 Imports are lazy: ``import lmgeom.training`` loads neither torch nor transformers::
 
@@ -29,10 +30,9 @@ _LAZY = {
     "forward_with_aux": "lmgeom.training.losses",
     "DispersionLossMixin": "lmgeom.training.losses",
     "DispersionTrainer": "lmgeom.training.losses",
-    "FinetuneConfig": "lmgeom.training.finetune",
-    "FinetuneResult": "lmgeom.training.finetune",
-    "finetune": "lmgeom.training.finetune",
-    "compare_arms": "lmgeom.training.finetune",
+    "save_checkpoint": "lmgeom.training.checkpoint",
+    "load_checkpoint": "lmgeom.training.checkpoint",
+    "resume": "lmgeom.training.checkpoint",
 }
 
 __all__ = list(_LAZY)

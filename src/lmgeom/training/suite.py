@@ -14,8 +14,9 @@ Layout of a suite folder ``DIR``::
                                    model.safetensors, tokenizer) + lmgeom_checkpoint.json
                                    (step, tokens seen, validation loss, weights hash)
     DIR/<width>/width.json         written when the width is complete
-    DIR/<width>/_state/            resume state while training (weights, AdamW moments and the
-                                   torch RNG as safetensors, step and schedule as JSON)
+    DIR/<width>/_state/            resume state while training, in the one checkpoint format of
+                                   :mod:`lmgeom.training.checkpoint` (weights, AdamW moments,
+                                   CPU and CUDA RNG as safetensors; step and schedule as JSON)
 
 Shapes (documented in docs/suite.md): every width has the same depth (``n_layers``, default 6 —
 Pythia-70M's), ``n_heads = max(2, width // 64)``, ``intermediate = 4 · width``, parallel residual,
@@ -47,6 +48,7 @@ import numpy as np
 
 from .._io import stable_hash, write_json
 from ..errors import CacheError, ConfigError, DataError
+from .checkpoint import resume, save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -458,54 +460,13 @@ def _optimizer(model, config: SuiteConfig):
 
 
 def _save_state(wdir: Path, model, opt, step: int, extra: dict[str, Any]) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    tmp, cur, old = wdir / "_state.tmp", wdir / "_state", wdir / "_state.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()},
-              str(tmp / "model.safetensors"))
-    sd = opt.state_dict()
-    tensors = {f"{pid}.{name}": (t if torch.is_tensor(t) else torch.tensor(t)).contiguous()
-               for pid, st in sd["state"].items() for name, t in st.items()}
-    save_file(tensors, str(tmp / "optimizer.safetensors"))
-    save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-    write_json(tmp / "state.json", {"step": int(step), "param_groups": sd["param_groups"], **extra})
-    shutil.rmtree(old, ignore_errors=True)
-    if cur.exists():
-        os.replace(cur, old)
-    os.replace(tmp, cur)
-    shutil.rmtree(old, ignore_errors=True)
+    """The resume state of one width (:mod:`lmgeom.training.checkpoint`, every parameter)."""
+    save_checkpoint(wdir / "_state", model, opt, {"step": int(step), **extra}, which="all")
 
 
 def _load_state(wdir: Path, model, opt) -> dict[str, Any] | None:
     """Restore weights, AdamW state and RNG from ``_state`` (safetensors + JSON, no pickle)."""
-    import torch
-    from safetensors.torch import load_file
-
-    for name in ("_state", "_state.old"):
-        d = wdir / name
-        if not (d / "state.json").is_file():
-            continue
-        try:
-            meta = json.loads((d / "state.json").read_text())
-            model.load_state_dict(load_file(str(d / "model.safetensors")), strict=True)
-            flat = load_file(str(d / "optimizer.safetensors"))
-            state: dict[int, dict[str, Any]] = {}
-            for key, t in flat.items():
-                pid, _, sub = key.partition(".")
-                state.setdefault(int(pid), {})[sub] = t
-            groups = meta["param_groups"]
-            for g in groups:
-                g["betas"] = tuple(g["betas"])
-            opt.load_state_dict({"state": state, "param_groups": groups})
-            torch.set_rng_state(load_file(str(d / "rng.safetensors"))["torch_rng"])
-        except (OSError, ValueError, KeyError, RuntimeError) as exc:
-            log.warning("resume state %s is unusable (%s); trying the previous one", d, exc)
-            continue
-        return meta
-    return None
+    return resume(wdir / "_state", model, opt)
 
 
 # --------------------------------------------------------------------------- training

@@ -64,6 +64,15 @@ import numpy as np
 
 from .._io import write_json
 from ..errors import ConfigError, TextsError
+from ..metrics.uncertainty import chunk_ci, paired_chunk_delta
+from ..report.figures_training import plot_curves
+from ..training.checkpoint import (
+    CHECKPOINT_VERSION,
+    find_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    trainable_parameters,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +83,7 @@ DEFAULT_LR = {"lora": 5e-4, "full": 5e-5}
 LORA_DEFAULTS = {"r": 8, "alpha": 16, "dropout": 0.0, "targets": "all-linear"}
 EVAL_METRICS = ("perplexity", "nll", "dispersion")
 TRAIN_METRICS = ("train_lm_loss", "train_dispersion", "train_aux")
-STATE_VERSION = 1
+STATE_VERSION = CHECKPOINT_VERSION  # part of the run signature
 
 
 # ---------------------------------------------------------------------- config
@@ -244,8 +253,8 @@ def split_texts(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndar
 
 def prepare_data(model, cfg: FinetuneConfig) -> tuple[list[Domain], dict[str, np.ndarray]]:
     """Training domains and evaluation sets (name → ``(N, T)`` chunks) for ``cfg``."""
-    from ..texts.chunks import make_chunks
     from ..texts import load_texts
+    from ..texts.chunks import make_chunks
 
     domains: list[Domain] = []
     evals: dict[str, np.ndarray] = {}
@@ -326,32 +335,6 @@ def _mean_unit(h, mask):
     return (u * w).sum(1) / w.sum(1).clamp_min(1.0)
 
 
-def chunk_ci(nll_sum: Any, n_predicted: Any, disp: Any, *, seed: int = 0, n_boot: int = 1000,
-             level: float = 0.95) -> dict[str, list[float]]:
-    """95 % percentile-bootstrap intervals over evaluation chunks (chunks resampled with
-    replacement, ``default_rng(seed)``): perplexity and NLL as the corpus ratio
-    ``Σ NLL / Σ tokens`` of the resampled chunks, dispersion as their mean. With < 2 chunks the
-    interval is NaN."""
-    from ..metrics import bootstrap_ci
-
-    nll_sum = np.asarray(nll_sum, dtype=np.float64)
-    n_pred = np.asarray(n_predicted, dtype=np.float64)
-    disp = np.asarray(disp, dtype=np.float64)
-    if nll_sum.shape[0] < 2:
-        nan = [float("nan"), float("nan")]
-        return {"perplexity": nan, "nll": nan, "dispersion": nan}
-    b = bootstrap_ci((nll_sum, n_pred), lambda a, n: float(a.sum() / n.sum()), n_boot=n_boot,
-                     level=level, seed=seed)
-    ok = np.isfinite(disp)
-    if ok.sum() >= 2:
-        bd = bootstrap_ci(disp[ok], lambda x: float(x.mean()), n_boot=n_boot, level=level, seed=seed)
-        dci = [bd.low, bd.high]
-    else:
-        dci = [float("nan"), float("nan")]
-    return {"perplexity": [math.exp(b.low), math.exp(b.high)], "nll": [b.low, b.high],
-            "dispersion": dci}
-
-
 def evaluate(lm, eval_sets: dict[str, np.ndarray], label: str, *, batch_size: int = 8,
              skip_first: bool = False, dtype: str = "float32",
              seed: int = 0) -> dict[str, dict[str, float]]:
@@ -367,8 +350,8 @@ def evaluate(lm, eval_sets: dict[str, np.ndarray], label: str, *, batch_size: in
 
     import torch
 
-    from ..metrics.dispersion import token_dispersion
     from ..lm.perplexity import forward_chunks
+    from ..metrics.dispersion import token_dispersion
 
     was_training = lm.hf_model.training
     lm.hf_model.eval()
@@ -452,11 +435,8 @@ def train_rows(cfg: FinetuneConfig, arm: str, label: str, step: int,
 
 def paired_delta(a: dict[str, Any], b: dict[str, Any], *, seed: int = 0,
                  n_boot: int = 1000) -> dict[str, tuple[float, float, float]]:
-    """``arm a − arm b`` on the same evaluation chunks, with a paired bootstrap CI (the same
-    resampled chunks for both arms, ``default_rng(seed)``): perplexity (corpus ratio), NLL and
-    mean dispersion. Returns ``{metric: (delta, low, high)}``."""
-    from ..metrics import bootstrap_ci
-
+    """``arm a − arm b`` on the same evaluation chunks (two :func:`evaluate` results), with a
+    paired bootstrap CI (:func:`lmgeom.metrics.uncertainty.paired_chunk_delta`)."""
     def chunks(ev: dict[str, Any]) -> tuple[np.ndarray, ...]:
         return tuple(np.asarray(ev[k], dtype=np.float64)
                      for k in ("_chunk_nll", "_chunk_ntok", "_chunk_disp"))
@@ -464,18 +444,7 @@ def paired_delta(a: dict[str, Any], b: dict[str, Any], *, seed: int = 0,
     (na, ta, da), (nb, tb, db) = chunks(a), chunks(b)
     if na.shape != nb.shape or not np.array_equal(ta, tb):
         raise ValueError("paired_delta needs the same evaluation chunks for both arms")
-    out = {}
-    for metric, f in (
-        ("perplexity", lambda x, y, t: math.exp(x.sum() / t.sum()) - math.exp(y.sum() / t.sum())),
-        ("nll", lambda x, y, t: (x.sum() - y.sum()) / t.sum()),
-    ):
-        r = bootstrap_ci((na, nb, ta), f, n_boot=n_boot, seed=seed)
-        out[metric] = (r.estimate, r.low, r.high)
-    ok = np.isfinite(da) & np.isfinite(db)
-    r = bootstrap_ci((da[ok], db[ok]), lambda x, y: float(x.mean() - y.mean()), n_boot=n_boot,
-                     seed=seed)
-    out["dispersion"] = (r.estimate, r.low, r.high)
-    return out
+    return paired_chunk_delta(na, nb, ta, da, db, seed=seed, n_boot=n_boot)
 
 
 def delta_rows(cfg: FinetuneConfig, label: str, results: dict[str, ArmResult]) -> list[dict[str, Any]]:
@@ -516,97 +485,6 @@ def tidy(rows: Sequence[dict[str, Any]]):
     df["step"] = np.array([int(p.get("step", -1)) for p in parsed], dtype=np.int64)
     df["eval"] = [p.get("eval", "") for p in parsed]
     return df
-
-
-# ---------------------------------------------------------------------- checkpoints
-def _trainable(model) -> list[tuple[str, Any]]:
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
-def save_checkpoint(folder: Path, model, optimizer, state: dict[str, Any]) -> None:
-    """Write trainable weights, AdamW state and ``state`` (JSON) atomically into ``folder``."""
-    import torch
-    from safetensors.torch import save_file
-
-    tmp = folder.with_name(folder.name + ".tmp")
-    old = folder.with_name(folder.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    params = _trainable(model)
-    save_file({n: p.detach().contiguous().cpu() for n, p in params}, str(tmp / "trainable.safetensors"))
-    sd = optimizer.state_dict()
-    tensors: dict[str, Any] = {}
-    scalars: dict[str, Any] = {}
-    for i, st in sd["state"].items():
-        for k, v in st.items():
-            if isinstance(v, torch.Tensor):
-                tensors[f"state.{i}.{k}"] = v.detach().contiguous().cpu()
-            else:
-                scalars[f"{i}.{k}"] = v
-    tensors["torch_rng"] = torch.get_rng_state()
-    if torch.cuda.is_available():
-        for j, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"cuda_rng.{j}"] = s
-    save_file(tensors, str(tmp / "optimizer.safetensors"))
-    groups = [{k: v for k, v in g.items() if k != "params"} | {"n_params": len(g["params"])}
-              for g in sd["param_groups"]]
-    write_json(tmp / "state.json", {**state, "version": STATE_VERSION, "param_names": [n for n, _ in params],
-                                    "param_groups": groups, "optimizer_scalars": scalars})
-    shutil.rmtree(old, ignore_errors=True)
-    if folder.exists():
-        os.replace(folder, old)
-    os.replace(tmp, folder)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def find_checkpoint(folder: Path) -> Path | None:
-    """``folder`` if it holds a complete checkpoint, else its ``.old`` twin, else None."""
-    for f in (folder, folder.with_name(folder.name + ".old")):
-        if (f / "state.json").is_file() and (f / "optimizer.safetensors").is_file():
-            return f
-    return None
-
-
-def load_checkpoint(folder: Path, model, optimizer) -> dict[str, Any]:
-    """Restore what :func:`save_checkpoint` wrote; returns its ``state``."""
-    import torch
-    from safetensors.torch import load_file
-
-    state = json.loads((folder / "state.json").read_text())
-    if state.get("version") != STATE_VERSION:
-        raise ConfigError(f"checkpoint {folder} has format {state.get('version')}, expected "
-                          f"{STATE_VERSION}; rerun with --overwrite")
-    params = _trainable(model)
-    names = [n for n, _ in params]
-    if names != state["param_names"]:
-        raise ConfigError(f"checkpoint {folder} was written for other trainable parameters; "
-                          "rerun with --overwrite")
-    weights = load_file(str(folder / "trainable.safetensors"))
-    with torch.no_grad():
-        for n, p in params:
-            p.copy_(weights[n].to(p.device, p.dtype))
-    tens = load_file(str(folder / "optimizer.safetensors"))
-    st: dict[int, dict[str, Any]] = {}
-    for k, v in tens.items():
-        if k.startswith("state."):
-            _, i, name = k.split(".", 2)
-            st.setdefault(int(i), {})[name] = v
-    for k, v in state.get("optimizer_scalars", {}).items():
-        i, name = k.split(".", 1)
-        st.setdefault(int(i), {})[name] = v
-    groups, start = [], 0
-    for g in state["param_groups"]:
-        n = g.pop("n_params")
-        groups.append({**g, "params": list(range(start, start + n))})
-        start += n
-    optimizer.load_state_dict({"state": st, "param_groups": groups})
-    torch.set_rng_state(tens["torch_rng"])
-    if torch.cuda.is_available():
-        cuda = [tens[k] for k in sorted((k for k in tens if k.startswith("cuda_rng.")),
-                                        key=lambda s: int(s.split(".")[1]))]
-        if cuda:
-            torch.cuda.set_rng_state_all(cuda)
-    return state
 
 
 # ---------------------------------------------------------------------- one arm
@@ -707,7 +585,7 @@ def train_arm(
     import torch
     from tqdm.auto import tqdm
 
-    from .losses import forward_with_aux, make_aux_loss, resolve_layer
+    from ..training.losses import forward_with_aux, make_aux_loss, resolve_layer
 
     done = arm_dir / "result.json"
     if done.is_file():
@@ -730,7 +608,7 @@ def train_arm(
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         torch.manual_seed(cfg.seed)
         model = _attach(lm, cfg)
-        params = [p for _, p in _trainable(model)]
+        params = [p for _, p in trainable_parameters(model)]
         n_trainable = int(sum(p.numel() for p in params))
         opt = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(0.9, 0.999),
                                 weight_decay=cfg.weight_decay)
@@ -1015,7 +893,7 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike[str], *, overwrite: boo
 
 
 def resolve_point(lm, layer: str) -> str:
-    from .losses import resolve_layer
+    from ..training.losses import resolve_layer
 
     return resolve_layer(lm, layer)
 
@@ -1039,49 +917,3 @@ def _log_eval(arm: str, step: int, ev: dict[str, dict[str, Any]]) -> None:
 def compare_arms(cfg: FinetuneConfig, out: str | os.PathLike[str], **kwargs: Any) -> FinetuneResult:
     """:func:`finetune` with the three arms none / push-away / squeeze."""
     return finetune(dataclasses.replace(cfg, arms=ARMS), out, **kwargs)
-
-
-# ---------------------------------------------------------------------- plot
-_ARM_COLOURS = {"none": "#7f7f7f", "push-away": "#d62728", "squeeze": "#1f77b4"}
-
-
-def plot_curves(df, out_dir: Path) -> list[Path]:
-    """Perplexity and dispersion (rows) per evaluation set (columns) over steps, one line per
-    arm; with two training domains one more column shows their held-out cross-domain
-    distance. Returns ``[png, svg]`` (``[]`` when there is nothing to draw)."""
-    from matplotlib import rc_context
-    from matplotlib.figure import Figure
-
-    from ..report.plots import PLOT_STYLE, save_figure
-
-    ev = df[df.metric.isin(["perplexity", "dispersion"]) & (df["eval"] != "train")]
-    if ev.empty:
-        return []
-    cross = df[df.metric == "cross_dispersion"]
-    panels = [(name, m) for name in dict.fromkeys(ev["eval"]) for m in ("perplexity", "dispersion")]
-    panels += [(name, "cross_dispersion") for name in dict.fromkeys(cross["eval"])]
-    cols = list(dict.fromkeys(name for name, _ in panels))
-    with rc_context(PLOT_STYLE):
-        fig = Figure(figsize=(3.4 * len(cols) + 0.6, 5.2), constrained_layout=True)
-        axes = fig.subplots(2, len(cols), squeeze=False)
-        for j, name in enumerate(cols):
-            mine = [m for n, m in panels if n == name]
-            for i in range(2):
-                ax = axes[i][j]
-                if i >= len(mine):
-                    ax.set_visible(False)
-                    continue
-                metric = mine[i]
-                sub = df[(df["eval"] == name) & (df.metric == metric)]
-                for arm, g in sub.groupby("arm", sort=False):
-                    g = g.sort_values("step")
-                    ax.plot(g.step, g.value, marker="o", ms=3, lw=1.4, label=str(arm),
-                            color=_ARM_COLOURS.get(str(arm)))
-                title = str(name).replace("|", " vs ")
-                ax.set_title(title.replace("$", "\\$") if i == 0 else "", fontsize=8)
-                ax.set_ylabel(metric.replace("_", " "))
-                ax.set_xlabel("step")
-                ax.grid(alpha=0.3)
-        axes[0][0].legend(title="arm")
-        fig.suptitle("Held-out perplexity and token-level dispersion over training")
-        return save_figure(fig, out_dir, "train_curves")

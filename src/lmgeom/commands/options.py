@@ -1,4 +1,5 @@
-"""Options shared by several sub-commands, so every command spells them the same way."""
+"""Options shared by several sub-commands (argument groups, option groups from args, the run
+ending), so every command spells them the same way."""
 
 from __future__ import annotations
 
