@@ -1,7 +1,8 @@
 """Regime classification of a PGA z-profile: ``direct`` or ``detour`` (the paper's two regimes).
 
-The rule is the report's collapse-zone rule (:func:`lmgeom.report.reading.pga_findings`), so the
-label and the report's reading can never disagree:
+The collapse-zone rule is :func:`lmgeom.metrics.regime.collapse_profile`, which the report's
+reading (:func:`lmgeom.report.reading.pga_findings`) uses too, so the label and the report can
+never disagree:
 
 1. The profile is the PGA z per layer under the primary setting (CCR-1 by default), on the
    layer axis ``0..L, final``; the last point is the *final* layer (the readout's input), the
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DataError
+from ..metrics.regime import collapse_profile
 
 DIRECT = "direct"
 DETOUR = "detour"
@@ -133,9 +135,6 @@ def classify_regime(
         DataError: fewer than 2 finite points.
         ConfigError: a malformed profile or a negative CCR level.
     """
-    from ..report.reading import pga_findings
-    from ..results import table
-
     if int(ccr) < 0:
         raise ConfigError(f"ccr must be >= 0, got {ccr}")
     profiles = {int(ccr): _as_profile(z_by_layer, "z_by_layer")}
@@ -147,13 +146,7 @@ def classify_regime(
     if len(finite) < 2:
         raise DataError(f"a z-profile needs at least 2 finite layers, got {len(finite)}")
     order = _order(list(primary))
-    index = {lab: i for i, lab in enumerate(order)}
-    df = table.frame(
-        table.row(model="_", revision="", layer=lab, layer_index=index[lab], metric="pga_z",
-                  setting=f"ccr={int(ccr)}", value=v)
-        for lab, v in primary.items()
-    )
-    f = pga_findings(df)[0]  # only the primary level: the zone rule of the report
+    f = collapse_profile(order, [primary[lab] for lab in order])
     zones = tuple(tuple(z.layers) for z in f.zones)
     restoration: dict[int, tuple[int, int]] = {}
     for m in sorted(profiles):
@@ -172,7 +165,7 @@ def classify_regime(
     else:
         fin = [lab for lab in order if math.isfinite(primary[lab])]
         nonfinal = fin[:-1]
-        after = nonfinal[nonfinal.index(f.primary_peak_layer) + 1:] if f.primary_peak_layer in nonfinal else []
+        after = nonfinal[nonfinal.index(f.peak_layer) + 1:] if f.peak_layer in nonfinal else []
         if after:
             min_layer = min(after, key=lambda lab: primary[lab])
             min_z = primary[min_layer]
@@ -181,8 +174,7 @@ def classify_regime(
         restored_ccr, label = None, DIRECT
     return Regime(
         label=label, ccr=int(ccr), zones=zones, min_z=float(min_z), min_layer=str(min_layer),
-        peak_layer=f.primary_peak_layer, peak_z=float(f.primary_peak_z),
-        final_z=float(f.final_z) if f.final_z is not None else math.nan,
+        peak_layer=f.peak_layer, peak_z=float(f.peak_z), final_z=float(f.final_z),
         restored_ccr=restored_ccr, restoration=restoration,
     )
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ..metrics.regime import MIN_RUN, STRONG_NEGATIVE_Z, collapse_profile
 from .plots import (
     SPECTRAL_METRICS,
     check_table,
@@ -27,12 +28,7 @@ from .plots import (
     setting_label,
 )
 
-STRONG_NEGATIVE_Z = -2.0
-"""A single non-final layer after the peak with z below this is a collapse zone on its own."""
-
-MIN_RUN = 2
-"""A run of at least this many consecutive non-final layers with z < 0 (after the peak) is a
-collapse zone."""
+# the collapse-zone thresholds live with the rule (lmgeom.metrics.regime)
 
 
 # --------------------------------------------------------------------------- formatting
@@ -243,34 +239,32 @@ def pga_findings(df: pd.DataFrame) -> list[PgaFinding]:
         fin_idx = _final_index(cur)
         nonfinal = cur.loc[cur["layer_index"] != fin_idx]
         final = cur.loc[cur["layer_index"] == fin_idx]
-        base = nonfinal if len(nonfinal) else cur
-        prow = base.loc[base["value"].idxmax()]
-        after = nonfinal.loc[nonfinal["layer_index"] > int(prow["layer_index"])]
-        labels = [str(x) for x in after["layer"]]
-        z = after["value"].to_numpy(float)
-        zones: list[CollapseZone] = []
-        weak: list[str] = []
         pm = _ccr(primary)
         higher = sorted(
             (s for s in settings if pm is not None and (m := _ccr(s)) is not None and m > pm
              and _rest(s) == _rest(primary)),
             key=natural_key,
         )
-        for a, b in _runs(list(z < 0)):
-            zl, zz = labels[a:b], z[a:b]
-            if b - a >= MIN_RUN or float(zz.min()) < STRONG_NEGATIVE_Z:
-                resto: dict[str, tuple[int, int, float, tuple[str, ...]]] = {}
-                for s in higher:
-                    hc = curves[s].set_index("layer")["value"]
-                    have = [lab for lab in zl if lab in hc.index]
-                    vals = [float(hc[lab]) for lab in have]
-                    bad = tuple(lab for lab, v in zip(have, vals) if not v > 0)
-                    resto[s] = (len(have) - len(bad), len(have),
-                                min(vals) if vals else math.nan, bad)
-                k = int(np.argmin(zz))
-                zones.append(CollapseZone(tuple(zl), float(zz[k]), zl[k], resto))
-            else:
-                weak.extend(zl)
+        # the collapse-zone rule itself is science: lmgeom.metrics.regime
+        if len(nonfinal):
+            prof = collapse_profile([*map(str, nonfinal["layer"]), *map(str, final["layer"])],
+                                    [*nonfinal["value"], *final["value"]])
+        else:
+            prof = collapse_profile([str(x) for x in cur["layer"]], list(cur["value"]))
+        zones: list[CollapseZone] = []
+        for zone in prof.zones:
+            zl = list(zone.layers)
+            resto: dict[str, tuple[int, int, float, tuple[str, ...]]] = {}
+            for s in higher:
+                hc = curves[s].set_index("layer")["value"]
+                have = [lab for lab in zl if lab in hc.index]
+                vals = [float(hc[lab]) for lab in have]
+                bad = tuple(lab for lab, v in zip(have, vals) if not v > 0)
+                resto[s] = (len(have) - len(bad), len(have),
+                            min(vals) if vals else math.nan, bad)
+            zones.append(CollapseZone(tuple(zl), zone.min_z, zone.min_layer, resto))
+        weak = list(prof.weak)
+        prow = {"layer": prof.peak_layer, "value": prof.peak_z}
         higher_min: dict[str, tuple[float, str]] = {}
         for s in higher:
             hc = curves[s]
