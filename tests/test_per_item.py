@@ -189,3 +189,16 @@ def test_hardness_and_dispersion_log_samples(tiny_dir, tmp_path):
     for layer in ("1", "final"):
         want = c[c["layer"] == layer].set_index("chunk").loc[s["chunk"], "dispersion"]
         np.testing.assert_allclose(s[f"dispersion@{layer}"], want, rtol=1e-7)
+
+
+def test_analyze_token_pooling_probes_use_each_rows_text_label(tiny_dir, tmp_path):
+    """With ``--pooling tokens`` every sampled row is probed with the label of its text (this
+    used to fail: one label per text against one row per token)."""
+    texts = _corpus(tmp_path, n=12)
+    out = tmp_path / "tok"
+    assert main(["analyze", "--model", str(tiny_dir("llama")), "--texts", str(texts), "--k", "4",
+                 "--n-null", "5", "--ccr", "1", "--pooling", "tokens", "--layers", "1,final",
+                 "--folds", "2", "--quiet", "--out", str(out)]) == 0
+    df = pd.read_parquet(out / "layers.parquet")
+    acc = df[df.metric == "probe_acc"]
+    assert set(acc.layer) == {"1", "final"} and acc["n"].min() > 12  # rows are tokens

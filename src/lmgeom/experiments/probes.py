@@ -9,11 +9,19 @@ the same layer axis as ``pga_z``.
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import LmgeomError, TextsError
+from ..models.bundled import DEFAULT_MODEL
 from ..results import table
+from .base import register
+from .layer_sweep import LayerSweepConfig, config_dict, run_layer_sweep
+from .options import ModelOptions, TextOptions
 
 
 def probe_rows(model, acts, *, folds: int = 5, seed: int = 0, C: float = 1.0, revision: str = "",
@@ -26,6 +34,8 @@ def probe_rows(model, acts, *, folds: int = 5, seed: int = 0, C: float = 1.0, re
     if acts.labels is None:
         raise TextsError("linear probes need labeled texts (a label column, or builtin:domains)")
     y = np.asarray(acts.labels)
+    if acts.row_text is not None:  # tokens pooling: each row carries its text's label
+        y = y[np.asarray(acts.row_text, dtype=np.int64)]
     L = model.n_blocks
     rows = []
     bar = progress_bar(len(acts.layers), f"probes {model.name}", progress)
@@ -48,3 +58,102 @@ def probe_rows(model, acts, *, folds: int = 5, seed: int = 0, C: float = 1.0, re
         bar.update(1)
     bar.close()
     return rows
+
+
+@register
+@dataclass(frozen=True)
+class ProbeExperiment:
+    """``lmgeom probe``: per-layer linear probes with the PGA z beside them.
+
+    Attributes:
+        spec: the model spec.
+        texts: which (labeled) texts.
+        model: how the model loads.
+        layers: extraction and PGA settings (spectra and logit lens are off).
+        folds: stratified CV folds.
+        C: inverse L2 regularisation strength.
+        cache: use the activation cache.
+    """
+
+    command: ClassVar[str] = "probe"
+    table: ClassVar[str] = "probes"
+
+    spec: str = DEFAULT_MODEL
+    texts: TextOptions = field(default_factory=TextOptions)
+    model: ModelOptions = field(default_factory=ModelOptions)
+    layers: LayerSweepConfig = field(default_factory=LayerSweepConfig)
+    folds: int = 5
+    C: float = 1.0
+    cache: bool = True
+
+    def settings(self) -> dict[str, Any]:
+        return {"model": self.spec, "revision": self.model.revision, "texts": self.texts.spec,
+                "n": self.texts.n, "dtype": self.model.dtype, "folds": self.folds, "C": self.C,
+                "sweep": config_dict(self.layers), "label_column": self.texts.label_column}
+
+    def run(self, *, work_dir: str | Path | None = None,
+            progress: bool | None = None) -> ProbeResult:
+        import pandas as pd
+
+        from ..activations import extract
+
+        t0 = time.perf_counter()
+        cfg, rev = self.layers, self.model.revision or ""
+        texts = self.texts.load()
+        model = self.model.load(self.spec)
+        acts = extract(model, texts, layers=cfg.layers, pooling=cfg.pooling,
+                       max_length=cfg.max_length, batch_size=cfg.batch_size, cache=self.cache,
+                       seed=cfg.seed, progress=progress)
+        t = time.perf_counter()
+        prows = probe_rows(model, acts, folds=self.folds, seed=self.texts.seed, C=self.C,
+                           revision=rev, progress=progress)
+        t_probe = time.perf_counter() - t
+        pga, tm = run_layer_sweep(model, acts, cfg, work_dir=work_dir, revision=rev,
+                                  progress=progress)
+        pga = pga[pga.metric.isin(["pga_z", "null_z_low", "null_z_high", "p_value",
+                                   "pc1_share", "pc1_baseline"])]
+        df = pd.concat([table.frame(prows), pga], ignore_index=True)
+        manifest = {"models": [{**model.describe(), "activations_key": acts.key}],
+                    "texts": texts.source, "n_texts": len(texts), "texts_hash": texts.hash,
+                    "labels": texts.label_counts(),
+                    "seeds": {"cv_folds": self.texts.seed, "pga": cfg.seed},
+                    "timings": {"probe_s": t_probe, "pga_s": tm["metrics_s"],
+                                "total_s": time.perf_counter() - t0}}
+        return ProbeResult(self, df, manifest, model.name, texts.source, len(texts))
+
+
+@dataclass
+class ProbeResult:
+    """Probe rows and the PGA rows beside them (``probes.parquet``)."""
+
+    config: ProbeExperiment
+    frame: Any
+    entries: dict[str, Any]
+    model_name: str
+    source: str
+    n_texts: int
+
+    def rows(self):
+        return self.frame
+
+    def manifest(self) -> dict[str, Any]:
+        return dict(self.entries)
+
+    def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
+        from ..report.html import write_report
+
+        return write_report(folder.path, self.frame, manifest,
+                            title=f"lmgeom probe — {self.config.spec}")
+
+    def summary(self) -> str:
+        from ..results.console import format_table
+
+        c = self.config
+        wide = self.frame.pivot_table(index=["layer_index", "layer"], columns="metric",
+                                      values="value", sort=True, aggfunc="first")
+        rows = [{"layer": layer, "accuracy": r["probe_acc"], "± std": r["probe_acc_std"],
+                 "baseline": r["probe_baseline"],
+                 f"PGA z (ccr={c.layers.ccr[0]})": r.get("pga_z", float("nan"))}
+                for (_, layer), r in wide.iterrows()]
+        return (f"Linear probes — {self.model_name} on {self.source} ({self.n_texts} texts, "
+                f"{c.folds}-fold, seed {c.texts.seed})\n" + format_table(rows, floatfmt="{:.3f}"))
