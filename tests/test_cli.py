@@ -53,3 +53,21 @@ def test_no_traceback_in_a_real_process(tmp_path):
     r = subprocess.run([sys.executable, "-m", "lmgeom.cli", "pga", "--model", "nope"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "unknown model" in r.stderr
+
+
+def test_converge_cli_on_two_tiny_architectures(tiny_dir, tmp_path, capsys):
+    """``lmgeom converge`` (an experiment since the redesign) writes the run folder: matched
+    layer rows with full / readout / null, the heatmap and the report."""
+    import pandas as pd
+
+    a, b = str(tiny_dir("llama")), str(tiny_dir("gpt2"))
+    out = tmp_path / "conv"
+    assert main(["converge", "--model", a, "--model", b, "--texts", "builtin:news", "--n", "24",
+                 "--k", "4", "--n-null", "8", "--quiet", "--out", str(out)]) == 0
+    df = pd.read_parquet(out / "converge.parquet")
+    assert {"conv_full", "conv_readout", "conv_null_mean", "conv_z"} <= set(df.metric)
+    assert (df.loc[df.metric == "conv_readout", "value"].abs() <= 1).all()
+    assert list(out.glob("plots/converge-0-heatmap.png")) and (out / "report.html").is_file()
+    assert "Cross-model convergence" in capsys.readouterr().out
+    assert main(["converge", "--model", a, "--texts", "builtin:news", "--out",
+                 str(tmp_path / "x")]) == 2

@@ -11,14 +11,16 @@ z); the heatmap of readout-space Spearman covers every layer pair with a small n
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import ConfigError, LmgeomError
 from ..results import table
+from .base import register
+from .options import ModelOptions, TextOptions
 
 
 @dataclass(frozen=True)
@@ -118,51 +120,6 @@ def converge_pair(model_a, acts_a, basis_a, model_b, acts_b, basis_b, config: Co
     return rows, matrix
 
 
-def plot_heatmap(matrix: np.ndarray, labels_a, labels_b, name_a: str, name_b: str,
-                 out_dir: Path, stem: str) -> list[Path]:
-    from matplotlib.figure import Figure
-
-    from ..report.plots import save_figure
-
-    fig = Figure(figsize=(max(5, 0.22 * len(labels_b) + 2), max(4, 0.18 * len(labels_a) + 1.5)))
-    ax = fig.add_subplot(1, 1, 1)
-    im = ax.imshow(matrix, aspect="auto", origin="lower", cmap="viridis")
-    ax.set_xticks(range(len(labels_b)), labels_b, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(labels_a)), labels_a, fontsize=7)
-    ax.set_xlabel(f"layer of {name_b}".replace("$", r"\$"))
-    ax.set_ylabel(f"layer of {name_a}".replace("$", r"\$"))
-    ax.set_title("readout-space Spearman of pairwise distances".replace("$", r"\$"), fontsize=10)
-    fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.tight_layout()
-    return save_figure(fig, out_dir, stem)
-
-
-def plot_bars(df, name_a: str, name_b: str, out_dir: Path, stem: str) -> list[Path]:
-    from matplotlib.figure import Figure
-
-    from ..report.plots import save_figure
-
-    sub = df[(df.model == name_a) & df.setting.str.startswith(f"vs={name_b};")]
-    wide = sub.pivot_table(index=["layer_index", "layer", "setting"], columns="metric", values="value",
-                           aggfunc="first").reset_index().sort_values("layer_index")
-    if wide.empty:
-        return []
-    x = np.arange(len(wide))
-    fig = Figure(figsize=(max(6, 0.3 * len(wide) + 2), 3.8))
-    ax = fig.add_subplot(1, 1, 1)
-    w = 0.28
-    ax.bar(x - w, wide["conv_full"], w, label="full space")
-    ax.bar(x, wide["conv_readout"], w, label="readout spaces")
-    ax.bar(x + w, wide["conv_null_mean"], w, yerr=1.96 * wide["conv_null_std"], label="random k-frames (±1.96 sd)")
-    ticks = [f"{a}~{s.split('layer_b=')[1].split(';')[0]}" for a, s in zip(wide["layer"], wide["setting"])]
-    ax.set_xticks(x, ticks, rotation=90, fontsize=7)
-    ax.set_ylabel("Spearman(D_A, D_B)")
-    ax.set_title(f"{name_a} vs {name_b}, matched layers".replace("$", r"\$"), fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return save_figure(fig, out_dir, stem)
-
-
 def summary_rows(df) -> list[dict[str, Any]]:
     wide = df.pivot_table(index=["model", "layer_index", "layer", "setting"], columns="metric",
                           values="value", aggfunc="first").reset_index().sort_values(["model", "layer_index"])
@@ -170,3 +127,116 @@ def summary_rows(df) -> list[dict[str, Any]]:
              "model B": r.setting.split(";")[0][3:], "layer B": r.setting.split("layer_b=")[1].split(";")[0],
              "full": r.conv_full, "readout": r.conv_readout, "null mean": r.conv_null_mean,
              "null sd": r.conv_null_std, "z": r.conv_z} for r in wide.itertuples()]
+
+
+@register
+@dataclass(frozen=True)
+class ConvergeExperiment:
+    """``lmgeom converge``: every pair of models on the same texts.
+
+    Attributes:
+        models: at least two model specs.
+        texts: the shared texts.
+        model: how the models load.
+        config: convergence settings (k, null, CCR, pairs, layer map, heatmap).
+        layers, pooling, max_length, batch_size: extraction.
+        cache: use the activation cache.
+    """
+
+    command: ClassVar[str] = "converge"
+    table: ClassVar[str] = "converge"
+
+    models: tuple[str, ...] = ("smollm2-135m", "gemma3-270m")
+    texts: TextOptions = field(default_factory=TextOptions)
+    model: ModelOptions = field(default_factory=ModelOptions)
+    config: ConvergeConfig = field(default_factory=ConvergeConfig)
+    layers: str = "all"
+    pooling: str = "last"
+    max_length: int = 128
+    batch_size: int = 32
+    cache: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.models) < 2:
+            raise ConfigError("give at least two models (--model A --model B)")
+        object.__setattr__(self, "models", tuple(self.models))
+
+    def settings(self) -> dict[str, Any]:
+        return {"models": list(self.models), "texts": self.texts.spec, "n": self.texts.n,
+                "dtype": self.model.dtype, "config": self.config.__dict__,
+                "pooling": self.pooling, "max_length": self.max_length}
+
+    def run(self, *, work_dir: str | Path | None = None,
+            progress: bool | None = None) -> ConvergeResult:
+        import time
+
+        from ..activations import extract
+        from .layer_sweep import LayerSweepConfig, model_basis
+
+        t0 = time.perf_counter()
+        texts = self.texts.load()
+        loaded = []
+        for spec in self.models:
+            m = self.model.load(spec)
+            acts = extract(m, texts, layers=self.layers, pooling=self.pooling,
+                           max_length=self.max_length, batch_size=self.batch_size,
+                           cache=self.cache, progress=progress)
+            loaded.append((m, acts, model_basis(m, LayerSweepConfig(k=self.config.k))))
+        rows: list[dict[str, Any]] = []
+        pairs = []
+        for (ma, aa, ba), (mb, ab, bb) in itertools.combinations(loaded, 2):
+            r, matrix = converge_pair(ma, aa, ba, mb, ab, bb, self.config, progress=progress)
+            rows += r
+            pairs.append((ma.name, mb.name, list(aa.layers), list(ab.layers), matrix,
+                          table.frame(r)))
+        entries = {"models": [m.describe() for m, _, _ in loaded], "texts": texts.source,
+                   "n_texts": len(texts), "texts_hash": texts.hash,
+                   "seeds": {"null_and_pairs": self.config.seed},
+                   "timings": {"total_s": time.perf_counter() - t0}}
+        return ConvergeResult(self, table.frame(rows), pairs, entries, texts.source, len(texts))
+
+
+@dataclass
+class ConvergeResult:
+    """The convergence rows of every model pair, with what their figures need."""
+
+    config: ConvergeExperiment
+    frame: Any
+    pairs: list[tuple[Any, ...]]
+    entries: dict[str, Any]
+    source: str
+    n_texts: int
+
+    def rows(self):
+        return self.frame
+
+    def manifest(self) -> dict[str, Any]:
+        return dict(self.entries)
+
+    def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
+        from ..report.figures_convergence import plot_bars, plot_heatmap
+        from ..report.html import write_report
+
+        figures = []
+        for name_a, name_b, la, lb, matrix, df_pair in self.pairs:
+            stem = f"converge-{len(figures)}"
+            if matrix is not None:
+                figures.append((f"Readout-space Spearman, {name_a} × {name_b}",
+                                plot_heatmap(matrix, la, lb, name_a, name_b, folder.plots,
+                                             stem + "-heatmap"),
+                                "Every layer pair; brighter = the two models' distance "
+                                "structures agree more inside their readout subspaces."))
+            figures.append((f"Full vs readout vs null, {name_a} × {name_b}",
+                            plot_bars(df_pair, name_a, name_b, folder.plots, stem + "-bars"),
+                            "Matched layers (nearest relative depth, plus final~final)."))
+        return write_report(folder.path, self.frame, manifest,
+                            title="lmgeom converge — " + " vs ".join(self.config.models),
+                            extra_figures=figures)
+
+    def summary(self) -> str:
+        from ..results.console import format_table
+
+        c = self.config.config
+        return (f"Cross-model convergence on {self.source} ({self.n_texts} texts), k={c.k}, "
+                f"CCR-{c.ccr}, n_null={c.n_null}, seed={c.seed}\n"
+                + format_table(summary_rows(self.frame), floatfmt="{:.3f}"))

@@ -2,7 +2,7 @@
 
 import importlib
 
-MODULES = ("analyze", "sweep", "dispersion", "hardness", "clusters", "knnlm", "probes")
+MODULES = ("analyze", "sweep", "dispersion", "hardness", "clusters", "knnlm", "probes", "convergence")
 
 for _name in MODULES:
     importlib.import_module(f"lmgeom.experiments.{_name}")
