@@ -4,11 +4,9 @@ gap, checked against measured domain perplexity."""
 from __future__ import annotations
 
 import argparse
-import math
-import time
 
 from ..experiments.select import DEFAULT_GENERAL_TEXTS
-from .options import add_run_args, print_table, progress_from_args
+from .options import add_run_args
 
 NAME = "select"
 HELP = "rank models / checkpoints for a domain by the dispersion gap (no labels), vs perplexity"
@@ -94,36 +92,16 @@ def config_from_args(args):
                         n_boot=args.n_boot, seed=args.seed)
 
 
-def _fmt_agreement(a) -> str:
-    if not math.isfinite(a.value):
-        return f"undefined (n={a.n})"
-    s = f"{a.value:+.3f} (n={a.n}, {a.method})"
-    if math.isfinite(a.low):
-        s = f"{a.value:+.3f} [{a.low:+.3f}, {a.high:+.3f}] (n={a.n}, {a.method})"
-    return s
-
-
 def run(args) -> int:
-    from .._io import write_json
     from ..errors import ConfigError
     from ..experiments.select import (
-        config_dict,
-        domain_words,
+        SelectExperiment,
         filter_candidates,
         model_candidates,
-        plot_select,
-        run_select,
-        select_rows,
         suite_candidates,
     )
-    from ..models import load_model
-    from ..report.html import write_report
-    from ..results import table
-    from ..results.folder import prepare_out_dir, run_signature
-    from ..results.manifest import base_manifest, now
+    from .options import run_and_report
 
-    t_start = time.perf_counter()
-    progress = progress_from_args(args)
     if args.suite and args.model:
         raise ConfigError("give either --model (repeatable) or --suite DIR, not both")
     if args.suite:
@@ -137,91 +115,11 @@ def run(args) -> int:
         raise ConfigError("no candidates: give --model A --model B ... or --suite DIR")
     config = config_from_args(args)
     name = "suite" if args.suite else "_".join(c.label.replace("/", "_") for c in cands)[:80]
-    out = args.out or f"runs/select-{config.domain_name}-{name}"
     if (args.widths or args.steps) and not args.suite:
         raise ConfigError("--widths / --steps filter the checkpoints of --suite")
-    settings = {"candidates": [c.spec for c in cands], "suite": args.suite,
-                "revision": args.revision, "dtype": args.dtype, "select": config_dict(config)}
-    signature = run_signature(settings)
-    out_dir = prepare_out_dir(out, signature, overwrite=args.overwrite)
-    manifest = base_manifest("select", settings, signature)
-
-    def loader(spec):
-        return load_model(spec, dtype=args.dtype, device=args.device,
-                          revision=args.revision if not args.suite else None)
-
-    run_ = run_select(cands, config, model_loader=loader, cache=not args.no_cache,
-                      progress=progress)
-    df = table.frame(select_rows(run_))
-    table.write_table(df, out_dir, "select")
-    figs = plot_select(run_, out_dir / "plots")
-    variants = {
-        "W_U": "rows of the output projection W_U, no forward pass",
-        "states": f"sampled token states at {config.state_layer} of {config.domain_texts} vs "
-                  f"{config.general_texts} (forward pass)",
-    }
-    manifest.update({
-        "models": [c.name for c in cands], "texts": [t for t in (
-            config.general_texts, config.domain_texts, config.eval_spec) if t],
-        "domain": config.domain_name, "domain_words": list(domain_words(config.domain)[1]),
-        "variants": {v: variants[v] for v in run_.variants},
-        "ranking_quality": "bits per byte of held-out domain text (lower = better); within one "
-                           "tokenizer identical in order to perplexity",
-        "corpora": run_.corpora_info,
-        "candidates": [{
-            "name": r.candidate.name, "spec": r.candidate.spec, "label": r.candidate.label,
-            "revision": r.candidate.revision, "model_info": r.describe,
-            "domain_tokens": r.tokens.describe(), "general_tokens": r.general_info,
-            "gap_W_U": {"G": r.gap_wu.gap, "within": r.gap_wu.within,
-                        "between": r.gap_wu.between},
-            "gap_states": ({"G": r.gap_states.gap, "within": r.gap_states.within,
-                            "between": r.gap_states.between} if r.gap_states else None),
-            "perplexity": r.perplexity, "bits_per_byte": r.bits_per_byte,
-            "n_eval_tokens": r.n_eval_tokens, "n_eval_bytes": r.n_eval_bytes,
-            "timings": r.timings} for r in run_.results],
-        "agreement": {v: {"spearman": a.value, "ci_low": a.low, "ci_high": a.high, "n": a.n,
-                          "method": a.method} for v, a in run_.agreement.items()},
-        "agreement_by_group": {v: {g: {"spearman": a.value, "ci_low": a.low, "ci_high": a.high,
-                                       "n": a.n, "method": a.method} for g, a in d.items()}
-                               for v, d in run_.by_group.items()},
-        "seeds": {"general_sample": config.seed, "texts": config.seed, "states": config.seed,
-                  "bootstrap": config.seed},
-        "finished": now(),
-    })
-    caption = ("Each point is one candidate: its dispersion gap G (x; higher is read as better) "
-               "against the bits per byte it needs on held-out domain text (y; lower is "
-               "better). A perfect label-free ranking makes the points fall from left to right "
-               "(Spearman rho of G with -bits/byte = +1).")
-    report = write_report(out_dir, df, manifest,
-                          title=f"lmgeom select — domain {config.domain_name}",
-                          extra_figures=[("Dispersion gap vs measured quality", figs, caption)])
-    manifest["timings"] = {"total_s": time.perf_counter() - t_start}
-    write_json(out_dir / "manifest.json", manifest)
-
-    print(f"domain {config.domain_name}: {len(cands)} candidates; variant=W_U uses rows of W_U "
-          "(no forward pass)" + ("; variant=states uses hidden states of "
-                                 f"{config.domain_texts} vs {config.general_texts} at "
-                                 f"{config.state_layer}" if "states" in run_.variants else ""))
-    for r in run_.results:
-        dropped = f", dropped {', '.join(r.tokens.dropped)}" if r.tokens.dropped else ""
-        print(f"  {r.candidate.name}: |T|={len(r.tokens.ids)} single-token forms{dropped}; "
-              f"|T̄|={r.general_info['n']}")
-    print()
-    print_table(run_.summary(), floatfmt="{:.4g}")
-    if run_.agreement:
-        print(f"\nagreement with the measured ranking (Spearman of G with -bits/byte on "
-              f"{config.eval_spec}):")
-        for v, a in run_.agreement.items():
-            print(f"  variant={v}: {_fmt_agreement(a)}")
-            for grp, ag in run_.by_group.get(v, {}).items():
-                print(f"    within {grp}: {_fmt_agreement(ag)}")
-    elif config.eval_spec is None:
-        print("\n(no held-out domain text: ranking only; give --eval-texts to check it)")
-    order = sorted(range(len(run_.results)), key=lambda i: -run_.results[i].gap_wu.gap)
-    shown = [run_.results[i].candidate.name for i in order[:8]]
-    more = f" > ... ({len(order) - 8} more)" if len(order) > 8 else ""
-    print("\nlabel-free ranking (variant=W_U, best first): " + " > ".join(shown) + more)
-    print(f"\nwrote {out_dir}/select.parquet, select.csv, manifest.json, plots and the report:")
-    print(f"  {report.resolve()}")
-    print(f"total {manifest['timings']['total_s']:.1f} s")
+    experiment = SelectExperiment(candidates=tuple(cands), select=config, suite=args.suite,
+                                  revision=args.revision, dtype=args.dtype, device=args.device,
+                                  cache=not args.no_cache)
+    args.out = args.out or f"runs/select-{config.domain_name}-{name}"
+    run_and_report(experiment, args)
     return 0

@@ -57,12 +57,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import ConfigError, ModelError, TextsError
+from ..metrics.uncertainty import MIN_N_CI, Agreement, rank_agreement, ranks_desc  # noqa: F401
 from ..results import table
+from .base import register
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,6 @@ DEFAULT_GENERAL_TEXTS = "builtin:wiki"
 FORMS = ("both", "bare", "space")
 VARIANTS = ("W_U", "states")
 #: Fewest candidates for which the agreement gets a bootstrap interval.
-MIN_N_CI = 5
 
 
 # ---------------------------------------------------------------------- tokens
@@ -486,55 +487,6 @@ def measure_candidate(model, candidate: Candidate, config: SelectConfig, corpora
     return res
 
 
-# ---------------------------------------------------------------------- ranking & agreement
-def ranks_desc(values: Sequence[float]) -> np.ndarray:
-    """1-based ranks, highest value first (ties: average ranks); NaN stays NaN."""
-    import scipy.stats
-
-    v = np.asarray(values, dtype=np.float64)
-    out = np.full(v.shape, np.nan)
-    ok = np.isfinite(v)
-    if ok.any():
-        out[ok] = scipy.stats.rankdata(-v[ok])
-    return out
-
-
-@dataclass(frozen=True)
-class Agreement:
-    """Spearman ρ between a label-free score (higher = better) and a measured quality
-    (higher = better), over n candidates; CI only when n >= :data:`MIN_N_CI`."""
-
-    value: float
-    low: float
-    high: float
-    n: int
-    method: str
-
-
-def rank_agreement(score: Sequence[float], quality: Sequence[float], *, n_boot: int = 1000,
-                   seed: int = 0) -> Agreement:
-    """See :class:`Agreement`. NaN pairs are dropped; constant sides give NaN."""
-    import scipy.stats
-
-    from ..metrics import correlation_with_ci
-
-    x = np.asarray(score, dtype=np.float64)
-    y = np.asarray(quality, dtype=np.float64)
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    n = len(x)
-    nan = math.nan
-    if n < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return Agreement(nan, nan, nan, n, "undefined")
-    if n == 2:
-        return Agreement(float(np.sign((x[1] - x[0]) * (y[1] - y[0]))), nan, nan, n,
-                         "spearman (n=2: order agreement)")
-    if n < MIN_N_CI:
-        return Agreement(float(scipy.stats.spearmanr(x, y)[0]), nan, nan, n, "spearman")
-    r = correlation_with_ci(x, y, method="spearman", n_boot=n_boot, seed=seed)
-    return Agreement(float(r.r), float(r.low), float(r.high), n, "spearman, bootstrap 95% CI")
-
-
 @dataclass
 class SelectRun:
     """All candidates of one run, their rankings and the agreements."""
@@ -682,56 +634,157 @@ def select_rows(run: SelectRun) -> list[dict[str, Any]]:
     return rows
 
 
-def plot_select(run: SelectRun, out_dir, stem: str = "select") -> list:
-    """G (x) against measured bits per byte (y), one panel per variant; no panel without
-    perplexities."""
-    from matplotlib.figure import Figure
-
-    from ..report.plots import save_figure
-
-    bpb = run.bits_per_byte
-    variants = run.variants
-    if not np.isfinite(bpb).any():
-        variants = ()
-    k = max(1, len(variants))
-    fig = Figure(figsize=(4.8 * k, 3.8))
-    axes = fig.subplots(1, k, squeeze=False)[0]
-    if not variants:
-        g = run.gaps("W_U")
-        ax = axes[0]
-        ax.bar(np.arange(len(g)), g)
-        ax.set_xticks(np.arange(len(g)), [r.candidate.name for r in run.results], rotation=30,
-                      fontsize=7)
-        ax.set_ylabel("dispersion gap G (W_U)")
-    groups = list(dict.fromkeys(r.candidate.group for r in run.results))
-    for ax, v in zip(axes, variants):
-        g = run.gaps(v)
-        for gi, grp in enumerate(groups):
-            ix = [i for i, r in enumerate(run.results) if r.candidate.group == grp]
-            style = "o-" if grp and len(ix) > 1 else "o"
-            ax.plot(g[ix], bpb[ix], style, color=f"C{gi}", ms=4, lw=0.8,
-                    label=grp or None)
-        if len(run.results) <= 10:
-            for x, y, r in zip(g, bpb, run.results):
-                ax.annotate(r.candidate.name, (x, y), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")
-        if any(groups):
-            ax.legend(fontsize=7, title="width (line: training steps)", title_fontsize=7)
-        a = run.agreement.get(v)
-        extra = ""
-        if a is not None and math.isfinite(a.value):
-            extra = f"ρ = {a.value:+.2f} (n={a.n})"
-            if math.isfinite(a.low):
-                extra += f" [{a.low:+.2f}, {a.high:+.2f}]"
-        ax.set_title(f"variant={v}  {extra}", fontsize=9)
-        ax.set_xlabel(f"dispersion gap G ({v})")
-        ax.set_ylabel("bits/byte, held-out domain text (lower = better)", fontsize=8)
-        ax.grid(alpha=0.25)
-    fig.suptitle(f"Dispersion gap vs measured quality, domain={run.config.domain_name}",
-                 fontsize=10)
-    fig.tight_layout()
-    return save_figure(fig, out_dir, stem)
-
-
 def config_dict(config: SelectConfig) -> dict[str, Any]:
     return asdict(config)
+
+
+# ---------------------------------------------------------------------- the experiment
+_VARIANTS = {
+    "W_U": "rows of the output projection W_U, no forward pass",
+    "states": "sampled token states at {layer} of {domain} vs {general} (forward pass)",
+}
+
+
+def _fmt_agreement(a: Agreement) -> str:
+    if not math.isfinite(a.value):
+        return f"undefined (n={a.n})"
+    if math.isfinite(a.low):
+        return f"{a.value:+.3f} [{a.low:+.3f}, {a.high:+.3f}] (n={a.n}, {a.method})"
+    return f"{a.value:+.3f} (n={a.n}, {a.method})"
+
+
+def _agreement_dict(a: Agreement) -> dict[str, Any]:
+    return {"spearman": a.value, "ci_low": a.low, "ci_high": a.high, "n": a.n,
+            "method": a.method}
+
+
+@register
+@dataclass(frozen=True)
+class SelectExperiment:
+    """``lmgeom select``: rank candidates by their dispersion gap, check against bits/byte.
+
+    Attributes:
+        candidates: the models / checkpoints (:func:`model_candidates`, :func:`suite_candidates`).
+        select: the selection settings.
+        suite: the suite folder the candidates come from, if any.
+        revision, dtype, device: how hub candidates load (``revision`` not for suites).
+        cache: use the forward cache.
+    """
+
+    command: ClassVar[str] = "select"
+    table: ClassVar[str] = "select"
+
+    candidates: tuple[Candidate, ...]
+    select: SelectConfig = field(default_factory=SelectConfig)
+    suite: str | None = None
+    revision: str | None = None
+    dtype: str = "float32"
+    device: str | None = None
+    cache: bool = True
+
+    def settings(self) -> dict[str, Any]:
+        return {"candidates": [c.spec for c in self.candidates], "suite": self.suite,
+                "revision": self.revision, "dtype": self.dtype,
+                "select": config_dict(self.select)}
+
+    def run(self, *, work_dir: str | Path | None = None,
+            progress: bool | None = None) -> SelectResult:
+        from ..models import load_model
+
+        def loader(spec):
+            return load_model(spec, dtype=self.dtype, device=self.device,
+                              revision=self.revision if not self.suite else None)
+
+        t0 = time.perf_counter()
+        run = run_select(list(self.candidates), self.select, model_loader=loader,
+                         cache=self.cache, progress=progress)
+        return SelectResult(self, run, table.frame(select_rows(run)),
+                            time.perf_counter() - t0)
+
+
+@dataclass
+class SelectResult:
+    """The select table, the measured run, and the text the CLI prints."""
+
+    config: SelectExperiment
+    run: SelectRun
+    frame: Any
+    seconds: float
+
+    def rows(self):
+        return self.frame
+
+    def manifest(self) -> dict[str, Any]:
+        c, run = self.config.select, self.run
+        variants = {v: _VARIANTS[v].format(layer=c.state_layer, domain=c.domain_texts,
+                                           general=c.general_texts) for v in run.variants}
+        return {
+            "models": [x.name for x in self.config.candidates],
+            "texts": [t for t in (c.general_texts, c.domain_texts, c.eval_spec) if t],
+            "domain": c.domain_name, "domain_words": list(domain_words(c.domain)[1]),
+            "variants": variants,
+            "ranking_quality": "bits per byte of held-out domain text (lower = better); within "
+                               "one tokenizer identical in order to perplexity",
+            "corpora": run.corpora_info,
+            "candidates": [{
+                "name": r.candidate.name, "spec": r.candidate.spec, "label": r.candidate.label,
+                "revision": r.candidate.revision, "model_info": r.describe,
+                "domain_tokens": r.tokens.describe(), "general_tokens": r.general_info,
+                "gap_W_U": {"G": r.gap_wu.gap, "within": r.gap_wu.within,
+                            "between": r.gap_wu.between},
+                "gap_states": ({"G": r.gap_states.gap, "within": r.gap_states.within,
+                                "between": r.gap_states.between} if r.gap_states else None),
+                "perplexity": r.perplexity, "bits_per_byte": r.bits_per_byte,
+                "n_eval_tokens": r.n_eval_tokens, "n_eval_bytes": r.n_eval_bytes,
+                "timings": r.timings} for r in run.results],
+            "agreement": {v: _agreement_dict(a) for v, a in run.agreement.items()},
+            "agreement_by_group": {v: {g: _agreement_dict(a) for g, a in d.items()}
+                                   for v, d in run.by_group.items()},
+            "seeds": {"general_sample": c.seed, "texts": c.seed, "states": c.seed,
+                      "bootstrap": c.seed},
+            "timings": {"select_s": self.seconds},
+        }
+
+    def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
+        from ..report.figures_select import plot_select
+        from ..report.html import write_report
+
+        figs = plot_select(self.run, folder.plots)
+        caption = ("Each point is one candidate: its dispersion gap G (x; higher is read as "
+                   "better) against the bits per byte it needs on held-out domain text (y; "
+                   "lower is better). A perfect label-free ranking makes the points fall from "
+                   "left to right (Spearman rho of G with -bits/byte = +1).")
+        return write_report(folder.path, self.frame, manifest,
+                            title=f"lmgeom select — domain {self.config.select.domain_name}",
+                            extra_figures=[("Dispersion gap vs measured quality", figs, caption)])
+
+    def summary(self) -> str:
+        from ..results.console import format_table
+
+        c, run = self.config.select, self.run
+        lines = [f"domain {c.domain_name}: {len(self.config.candidates)} candidates; "
+                 "variant=W_U uses rows of W_U (no forward pass)"
+                 + ("; variant=states uses hidden states of "
+                    f"{c.domain_texts} vs {c.general_texts} at {c.state_layer}"
+                    if "states" in run.variants else "")]
+        for r in run.results:
+            dropped = f", dropped {', '.join(r.tokens.dropped)}" if r.tokens.dropped else ""
+            lines.append(f"  {r.candidate.name}: |T|={len(r.tokens.ids)} single-token "
+                         f"forms{dropped}; |T̄|={r.general_info['n']}")
+        lines += ["", format_table(run.summary(), floatfmt="{:.4g}")]
+        if run.agreement:
+            lines.append(f"\nagreement with the measured ranking (Spearman of G with "
+                         f"-bits/byte on {c.eval_spec}):")
+            for v, a in run.agreement.items():
+                lines.append(f"  variant={v}: {_fmt_agreement(a)}")
+                for grp, ag in run.by_group.get(v, {}).items():
+                    lines.append(f"    within {grp}: {_fmt_agreement(ag)}")
+        elif c.eval_spec is None:
+            lines.append("\n(no held-out domain text: ranking only; give --eval-texts to "
+                         "check it)")
+        order = sorted(range(len(run.results)), key=lambda i: -run.results[i].gap_wu.gap)
+        shown = [run.results[i].candidate.name for i in order[:8]]
+        more = f" > ... ({len(order) - 8} more)" if len(order) > 8 else ""
+        lines.append("\nlabel-free ranking (variant=W_U, best first): " + " > ".join(shown)
+                     + more)
+        return "\n".join(lines)

@@ -10,7 +10,7 @@ resample for a correlation) are dropped and counted in ``n_valid``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +97,8 @@ def quantile_overlap(score: Any, reference: Any, quantile: float = 0.1, *, n_per
     return observed, null, k
 
 __all__ = ["BootstrapResult", "CorrelationResult", "bootstrap_ci", "correlation_interval",
-           "chunk_ci", "correlation_with_ci", "mean_interval", "paired_chunk_delta",
+           "Agreement", "MIN_N_CI", "chunk_ci", "correlation_with_ci", "rank_agreement",
+           "ranks_desc", "mean_interval", "paired_chunk_delta",
            "quantile_overlap"]
 
 
@@ -341,3 +342,51 @@ def paired_chunk_delta(nll_a: Any, nll_b: Any, n_tokens: Any, disp_a: Any, disp_
                      seed=seed)
     out["dispersion"] = (r.estimate, r.low, r.high)
     return out
+
+
+# ---------------------------------------------------------------------- rank agreement
+#: fewest candidates for a bootstrap CI of a rank agreement
+MIN_N_CI = 5
+
+def ranks_desc(values: Sequence[float]) -> np.ndarray:
+    """1-based ranks, highest value first (ties: average ranks); NaN stays NaN."""
+
+    v = np.asarray(values, dtype=np.float64)
+    out = np.full(v.shape, np.nan)
+    ok = np.isfinite(v)
+    if ok.any():
+        out[ok] = scipy.stats.rankdata(-v[ok])
+    return out
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Spearman ρ between a label-free score (higher = better) and a measured quality
+    (higher = better), over n candidates; CI only when n >= :data:`MIN_N_CI`."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+    method: str
+
+
+def rank_agreement(score: Sequence[float], quality: Sequence[float], *, n_boot: int = 1000,
+                   seed: int = 0) -> Agreement:
+    """See :class:`Agreement`. NaN pairs are dropped; constant sides give NaN."""
+
+    x = np.asarray(score, dtype=np.float64)
+    y = np.asarray(quality, dtype=np.float64)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    n = len(x)
+    nan = math.nan
+    if n < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return Agreement(nan, nan, nan, n, "undefined")
+    if n == 2:
+        return Agreement(float(np.sign((x[1] - x[0]) * (y[1] - y[0]))), nan, nan, n,
+                         "spearman (n=2: order agreement)")
+    if n < MIN_N_CI:
+        return Agreement(float(scipy.stats.spearmanr(x, y)[0]), nan, nan, n, "spearman")
+    r = correlation_with_ci(x, y, method="spearman", n_boot=n_boot, seed=seed)
+    return Agreement(float(r.r), float(r.low), float(r.high), n, "spearman, bootstrap 95% CI")
