@@ -61,13 +61,13 @@ def test_pga_invariant_to_scale_and_rotation(case, scale, m):
     n = X.shape[0]
     P = n * (n - 1) // 2
     swap = 12.0 / (P * (P**2 - 1))
-    tol = 1e-9 if np.log2(scale) == round(np.log2(scale)) else max(1e-9, 3 * swap)
+    tol = 1e-9 if np.log2(scale) == round(np.log2(scale)) else max(1e-9, 8 * swap)
     assert scaled.rho_readout == pytest.approx(base.rho_readout, abs=tol)
     assert np.allclose(scaled.null, base.null, atol=tol)
     d = X.shape[1]
     R = np.linalg.qr(rng.standard_normal((d, d)))[0]
     rot = M.subspace_pga(X @ R, R.T @ V, n_null=3, ccr=m, seed=1)
-    assert rot.rho_readout == pytest.approx(base.rho_readout, abs=max(1e-7, 3 * swap))
+    assert rot.rho_readout == pytest.approx(base.rho_readout, abs=max(1e-7, 8 * swap))
     assert -1.0 <= base.rho_readout <= 1.0 and np.all(np.abs(base.null) <= 1.0 + 1e-12)
     assert 0.0 < base.p_value <= 1.0
 
@@ -96,7 +96,7 @@ def test_pga_rho_matches_pdist_spearman(case):
     # two distances that tie to ~1e-16 may be ordered differently by two rounding paths: allow
     # a few swaps of adjacent ranks (each moves rho by 12 / (P (P^2 - 1)))
     P = len(ii)
-    tol = max(1e-9, 3 * 12.0 / (P * (P**2 - 1)))
+    tol = max(1e-9, 8 * 12.0 / (P * (P**2 - 1)))
     assert res.rho_readout == pytest.approx(spearmanr(dist(U), dist(U @ V))[0], abs=tol)
 
 
