@@ -59,6 +59,30 @@ class NumpyWorker:
             Y = Xu @ Q.astype(Xu.dtype, copy=False)
         return unit_rows(Y, scale=scale, what=what, label=self.label)
 
+    # batched null frames (subspace_pga_levels): one GEMM for a batch of frames, then each
+    # CCR level's rows from the top level's by a float64 rank correction
+    def backend(self, Xtop: np.ndarray, T: np.ndarray | None, Ptop: np.ndarray | None) -> tuple:
+        return Xtop, T, Ptop
+
+    def project_batch(self, be: tuple, chunk: list[np.ndarray]) -> tuple:
+        """``(Xtop @ [Q_1 .. Q_B], Ptop @ [Q_1 .. Q_B])`` for a batch of (d, k) frames."""
+        Xtop, _T, Ptop = be
+        Qc = np.concatenate(chunk, axis=1)
+        Yc = Xtop @ Qc.astype(Xtop.dtype, copy=False)
+        return Yc, (None if Ptop is None else Ptop @ Qc)
+
+    def level_rows(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
+                   m: int, mt: int, fdt: type, *, scale: float, what: str) -> np.ndarray:
+        """Unit rows of frame b's projection at CCR level m (the batch is at level mt)."""
+        Yb = Yc[:, b * k:(b + 1) * k]
+        if m == mt:
+            Y = np.array(Yb, order="C")
+        else:
+            Y = Yb + be[1][:, m:mt] @ PQ[m:mt, b * k:(b + 1) * k]
+            if Y.dtype != fdt:
+                Y = Y.astype(fdt)
+        return unit_rows(Y, scale=scale, what=what, label=self.label)
+
     def distances(self, layout: Layout, Yu: np.ndarray, slot: int = 0) -> np.ndarray:
         out = self._d.get(slot)
         if out is None or out.size != layout.n_pairs:
@@ -116,6 +140,34 @@ class TorchWorker:
         Y = Xt.clone() if Q is None else Xt @ torch.tensor(Q, dtype=torch.float64, device=self.device)
         norms = torch.linalg.vector_norm(Y, dim=1)
         bad = torch.nonzero(~(norms > ZERO_RTOL * scale)).flatten()
+        if bad.numel():
+            raise zero_rows_error(bad.cpu().numpy(), Y.shape[0], what, self.label)
+        return Y / norms[:, None]
+
+    def backend(self, Xtop: np.ndarray, T: np.ndarray | None, Ptop: np.ndarray | None) -> tuple:
+        torch = self.torch
+
+        def t(a: Any) -> Any:
+            if a is None:
+                return None
+            return torch.as_tensor(np.ascontiguousarray(a), dtype=torch.float64,
+                                   device=self.device)
+
+        return t(Xtop), t(T), t(Ptop)
+
+    def project_batch(self, be: tuple, chunk: list[np.ndarray]) -> tuple:
+        torch = self.torch
+        Qc = torch.as_tensor(np.concatenate(chunk, axis=1), dtype=torch.float64,
+                             device=self.device)
+        return be[0] @ Qc, (None if be[2] is None else be[2] @ Qc)
+
+    def level_rows(self, be: tuple, Yc: Any, PQ: Any, b: int, k: int, m: int, mt: int,
+                   fdt: type, *, scale: float, what: str) -> Any:
+        Y = Yc[:, b * k:(b + 1) * k]
+        if m != mt:
+            Y = Y + be[1][:, m:mt] @ PQ[m:mt, b * k:(b + 1) * k]
+        norms = self.torch.linalg.vector_norm(Y, dim=1)
+        bad = self.torch.nonzero(~(norms > ZERO_RTOL * scale)).flatten()
         if bad.numel():
             raise zero_rows_error(bad.cpu().numpy(), Y.shape[0], what, self.label)
         return Y / norms[:, None]
