@@ -46,6 +46,7 @@ class NumpyWorker:
         self.label = label
         self.sorter = Sorter(P)
         self._d: dict[int, np.ndarray] = {}
+        self._lv: dict[int, list[np.ndarray]] = {}
         self._g: np.ndarray = np.empty(0)
 
     def asarray(self, A: np.ndarray) -> np.ndarray:
@@ -82,6 +83,54 @@ class NumpyWorker:
             if Y.dtype != fdt:
                 Y = Y.astype(fdt)
         return unit_rows(Y, scale=scale, what=what, label=self.label)
+
+    def frame_levels(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
+                     ms: list[int], mt: int, layout: Layout, scales: list[float],
+                     what: str) -> list[np.ndarray]:
+        """Pair distances of frame b at every level in ``ms`` (exact layouts without
+        duplicates), from one Gram matrix of the top level's projection Y_t: with
+        Y_m = Y_t + A B (A the n x r PC coefficients, B the r x k projected directions),
+        ``Y_m Y_m^T = Y_t Y_t^T + L R^T``, L = [U + A M/2, A], R = [A, U + A M/2], U = Y_t B^T,
+        M = B B^T: a rank-2r update in float64, scaled by the exact row norms of Y_m."""
+        Yt = np.ascontiguousarray(Yc[:, b * k:(b + 1) * k])
+        Yt64 = Yt if Yt.dtype == np.float64 else Yt.astype(np.float64)
+        upd = []
+        for m, scale in zip(ms, scales):
+            if m == mt:
+                Ym, LR = Yt64, None
+            else:
+                A = be[1][:, m:mt]
+                Bm = PQ[m:mt, b * k:(b + 1) * k]
+                Ym = Yt64 + A @ Bm
+                U = Yt64 @ Bm.T
+                U += A @ (0.5 * (Bm @ Bm.T))
+                LR = (np.hstack([U, A]), np.hstack([A, U]))
+            norms = np.sqrt(np.einsum("ij,ij->i", Ym, Ym))
+            bad = np.flatnonzero(~(norms > ZERO_RTOL * scale))
+            if bad.size:
+                raise zero_rows_error(bad, Ym.shape[0], what, self.label)
+            upd.append((1.0 / norms, LR))
+        outs = self._lv.get(len(ms))
+        if outs is None or outs[0].size != layout.n_pairs:
+            outs = self._lv[len(ms)] = [np.empty(layout.n_pairs) for _ in ms]
+        if self._g.size < layout.max_block:
+            self._g = np.empty(layout.max_block)
+        for blk in layout.blocks:
+            w = blk.r1 - blk.r0
+            Gt = Yt[blk.r0:blk.r1] @ Yt[: blk.r1].T
+            G = self._g[: w * blk.r1].reshape(w, blk.r1)
+            for (inv, LR), out in zip(upd, outs):
+                if LR is None:
+                    np.copyto(G, Gt)
+                else:
+                    np.matmul(LR[0][blk.r0:blk.r1], LR[1][: blk.r1].T, out=G)
+                    G += Gt
+                G *= inv[blk.r0:blk.r1, None]
+                G *= inv[None, : blk.r1]
+                out[blk.s0:blk.s1] = G[blk.mask]
+        for out in outs:
+            np.subtract(1.0, out, out=out)
+        return outs
 
     def distances(self, layout: Layout, Yu: np.ndarray, slot: int = 0) -> np.ndarray:
         out = self._d.get(slot)

@@ -369,6 +369,8 @@ def _subspace_pga(X: Any, basis: Any, n_null: int, ccr: int, pairs: int | None, 
 #: _BATCH_ELEMS elements of projected rows per batch.
 _BATCH_FRAMES = 10
 _BATCH_ELEMS = 1 << 21
+#: Largest per-worker set of per-level distance vectors for the shared-Gram path.
+_LEVEL_BUFFER_BYTES = 512 << 20
 
 
 @dataclass
@@ -442,11 +444,23 @@ def _null_loop(runner: Any, states: list[_Level], lv: CCRLevels, layout: Any, fd
     B = max(1, min(_BATCH_FRAMES, _BATCH_ELEMS // max(1, n_u * k)))
     w0 = runner.main
     be = w0.backend(Xtop, T, Ptop)
+    ms = [st.m for st in states]
+    scales = [st.prep.scale for st in states]
+    # one Gram matrix per frame for all levels: exact pairs, no duplicate rows, buffers of
+    # one distance vector per level and worker within _LEVEL_BUFFER_BYTES
+    shared_gram = (len(states) > 1 and layout.kind == "tri"
+                   and 8 * layout.n_pairs * len(states) <= _LEVEL_BUFFER_BYTES)
 
     def job(worker: Any, chunk: list[np.ndarray]) -> list[list[float]]:
         Yc, PQ = worker.project_batch(be, chunk)
         out = []
         for b in range(len(chunk)):
+            if shared_gram and hasattr(worker, "frame_levels"):
+                ds = worker.frame_levels(be, Yc, PQ, b, k, ms, mt, layout, scales,
+                                         "in a null frame")
+                out.append([worker.spearman(st.ref, dv, "in a null frame")
+                            for st, dv in zip(states, ds)])
+                continue
             row = []
             for st in states:
                 Y = worker.level_rows(be, Yc, PQ, b, k, st.m, mt, fdt, scale=st.prep.scale,
