@@ -127,7 +127,7 @@ class NumpyWorker:
                     G += Gt
                 G *= inv[blk.r0:blk.r1, None]
                 G *= inv[None, : blk.r1]
-                out[blk.s0:blk.s1] = G[blk.mask]
+                np.take(G.ravel(), blk.flat_tri, out=out[blk.s0:blk.s1])
         for out in outs:
             np.subtract(1.0, out, out=out)
         return outs

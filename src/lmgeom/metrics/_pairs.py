@@ -111,6 +111,7 @@ class _Block:
     uinv: np.ndarray | None = None
     cols: np.ndarray | None = None
     flat: np.ndarray | None = None  # sampled gram: flat indices into the (r1-r0, r1) block
+    flat_tri: np.ndarray | None = None  # exact: flat indices of ``mask`` (row-major order)
 
 
 @dataclass
@@ -148,10 +149,10 @@ def unique_rows(Xp: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def _block_rows(n: int) -> int:
-    """Rows per Gram block: the whole matrix when small, else a quarter (so the lower
-    trapezoids cost ~0.6 n^2 instead of n^2), capped at _BLOCK_ELEMS elements per block."""
+    """Rows per Gram block: the whole matrix when small (n <= 256), else a quarter (so the
+    lower trapezoids cost ~0.6 n^2 instead of n^2), capped at _BLOCK_ELEMS elements per block."""
     cap = max(1, _BLOCK_ELEMS // max(n, 1))
-    if n <= 512:
+    if n <= 256:
         return min(n, cap)
     return max(1, min(cap, -(-n // 4)))
 
@@ -165,7 +166,8 @@ def build_layout(plan: PairPlan, inv: np.ndarray | None, n_unique: int, k_hint: 
         for r0 in range(0, n, B):
             r1 = min(n, r0 + B)
             mask = np.arange(r1)[None, :] < np.arange(r0, r1)[:, None]
-            blk = _Block(r0, r1, r0 * (r0 - 1) // 2 if r0 else 0, r1 * (r1 - 1) // 2, mask=mask)
+            blk = _Block(r0, r1, r0 * (r0 - 1) // 2 if r0 else 0, r1 * (r1 - 1) // 2, mask=mask,
+                         flat_tri=np.flatnonzero(mask.ravel()))
             if inv is not None:
                 ub = inv[r0:r1]
                 uu, uinv = np.unique(ub, return_inverse=True)
