@@ -115,19 +115,26 @@ class NumpyWorker:
             outs = self._lv[len(ms)] = [np.empty(layout.n_pairs) for _ in ms]
         if self._g.size < layout.max_block:
             self._g = np.empty(layout.max_block)
-        for blk in layout.blocks:
-            w = blk.r1 - blk.r0
-            Gt = Yt[blk.r0:blk.r1] @ Yt[: blk.r1].T
-            G = self._g[: w * blk.r1].reshape(w, blk.r1)
+        if layout.pair_map is not None:  # duplicate rows: one Gram of the unique rows
+            nu = layout.n_unique
+            blocks = [(0, nu, 0, layout.n_pairs, layout.pair_map)]
+        else:
+            blocks = [(b.r0, b.r1, b.s0, b.s1, b.flat_tri) for b in layout.blocks]
+        for r0, r1, s0, s1, flat in blocks:
+            w = r1 - r0
+            Gt = Yt[r0:r1] @ Yt[:r1].T
+            G = self._g[: w * r1].reshape(w, r1)
             for (inv, LR), out in zip(upd, outs):
                 if LR is None:
                     np.copyto(G, Gt)
                 else:
-                    np.matmul(LR[0][blk.r0:blk.r1], LR[1][: blk.r1].T, out=G)
+                    np.matmul(LR[0][r0:r1], LR[1][:r1].T, out=G)
                     G += Gt
-                G *= inv[blk.r0:blk.r1, None]
-                G *= inv[None, : blk.r1]
-                np.take(G.ravel(), blk.flat_tri, out=out[blk.s0:blk.s1])
+                G *= inv[r0:r1, None]
+                G *= inv[None, :r1]
+                if layout.pair_map is not None:
+                    G.ravel()[:: r1 + 1] = 1.0  # identical rows: cos exactly 1
+                np.take(G.ravel(), flat, out=out[s0:s1])
         for out in outs:
             np.subtract(1.0, out, out=out)
         return outs

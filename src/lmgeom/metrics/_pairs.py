@@ -128,6 +128,7 @@ class Layout:
     expand: np.ndarray | None = None  # sampled with duplicates: plan pair -> (a, b) entry
     same: np.ndarray | None = None  # sampled: positions (plan order) of identical-row pairs
     max_block: int = 0
+    pair_map: np.ndarray | None = None  # exact with duplicates: pair -> flat unique-Gram index
     _torch_cache: dict = field(default_factory=dict)
 
 
@@ -174,11 +175,19 @@ def build_layout(plan: PairPlan, inv: np.ndarray | None, n_unique: int, k_hint: 
                 blk.uu, blk.uinv, blk.cols = uu, uinv.ravel(), inv[:r1]
             blocks.append(blk)
         kind = "tri" if inv is None else "tri_dup"
+        pair_map = None
         if inv is None:
             max_block = max((b.r1 - b.r0) * b.r1 for b in blocks)
+        elif n_unique * n_unique <= _BLOCK_ELEMS:
+            # one Gram matrix of the unique rows; every pair reads its entry (identical rows:
+            # the diagonal, set to exactly 1)
+            ii, jj = np.tril_indices(n, -1)
+            pair_map = inv[ii] * np.int64(n_unique) + inv[jj]
+            max_block = n_unique * n_unique
         else:
             max_block = max(b.uu.size * n_unique for b in blocks)
-        return Layout(kind, n, n_unique, plan.n_pairs, blocks, max_block=max_block)
+        return Layout(kind, n, n_unique, plan.n_pairs, blocks, max_block=max_block,
+                      pair_map=pair_map)
     # sampled: distinct unique-row pairs (a >= b) sorted by (a, b), expanded to plan order
     assert plan.i is not None and plan.j is not None
     ui = plan.i if inv is None else inv[plan.i]
@@ -278,6 +287,12 @@ def pair_distances(layout: Layout, Yu: np.ndarray, out: np.ndarray, gbuf: np.nda
             G = gbuf[: w * blk.r1].reshape(w, blk.r1)
             np.matmul(Yu[blk.r0:blk.r1], Yu[: blk.r1].T, out=G)
             out[blk.s0:blk.s1] = G[blk.mask]
+    elif kind == "tri_dup" and layout.pair_map is not None:
+        nu = layout.n_unique
+        G = gbuf[: nu * nu].reshape(nu, nu)
+        np.matmul(Yu, Yu.T, out=G)
+        G.ravel()[:: nu + 1] = 1.0  # identical rows: cos exactly 1
+        np.take(G.ravel(), layout.pair_map, out=out)
     elif kind == "tri_dup":
         nu = layout.n_unique
         for blk in layout.blocks:

@@ -251,7 +251,7 @@ def spearman_to_reference(ref: RankReference, d: np.ndarray, sorter: Sorter) -> 
         # (the centred positions sum to 0), one BLAS dot
         parts.append(float(np.dot(lab.astype(np.float64), tc)))
     elif tc is not None:
-        parts.append(float(np.dot(ref.cpos[lab], tc)))
+        parts.append(float(np.dot(np.take(ref.cpos, lab), tc)))
     else:
         for c0 in range(0, P, _CHUNK):
             c1 = min(P, c0 + _CHUNK)

@@ -448,7 +448,9 @@ def _null_loop(runner: Any, states: list[_Level], lv: CCRLevels, layout: Any, fd
     scales = [st.prep.scale for st in states]
     # one Gram matrix per frame for all levels: exact pairs, no duplicate rows, buffers of
     # one distance vector per level and worker within _LEVEL_BUFFER_BYTES
-    shared_gram = (len(states) > 1 and layout.kind == "tri"
+    shared_gram = (len(states) > 1
+                   and (layout.kind == "tri"
+                        or (layout.kind == "tri_dup" and layout.pair_map is not None))
                    and 8 * layout.n_pairs * len(states) <= _LEVEL_BUFFER_BYTES)
 
     def job(worker: Any, chunk: list[np.ndarray]) -> list[list[float]]:
