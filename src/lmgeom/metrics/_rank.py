@@ -152,19 +152,20 @@ def fix_runs(lab: np.ndarray, e: np.ndarray,
     if e.size == 0:
         return empty
     P = lab.size
-    eq = np.zeros(P, dtype=bool)
-    eq[e] = True
-    pos = np.union1d(e, e + 1)
-    cont = np.zeros(pos.size, dtype=bool)
-    cont[1:] = (pos[1:] - 1 == pos[:-1]) & eq[pos[1:] - 1]
-    run = np.cumsum(~cont)
+    flag = np.zeros(P, dtype=bool)
+    flag[e] = True
+    flag[e + 1] = True
+    pos = np.flatnonzero(flag)  # every position inside a collision run, ascending
     lab_p = lab[pos]
     vals = values_of(lab_p)
-    o = np.lexsort((lab_p, vals, run))
+    # runs have distinct high key bits, so values of different runs are already in run order
+    # and equal values only occur inside one run: one stable sort by value (nearly sorted,
+    # timsort) finishes every run at once
+    o = np.argsort(vals, kind="stable")
     lab_p = lab_p[o]
     vals = vals[o]
     lab[pos] = lab_p
-    same = (vals[1:] == vals[:-1]) & (run[1:] == run[:-1])
+    same = vals[1:] == vals[:-1]
     if not same.any():
         return empty
     start = np.ones(pos.size, dtype=bool)
