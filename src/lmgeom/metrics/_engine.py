@@ -331,6 +331,24 @@ class TorchWorker:
         return num / math.sqrt(S_ref * (P * (P * P - 1.0) / 12.0 - tie))
 
 
+    def spearman_many(self, ref: tuple[Any, float], D: Any, what: str) -> list[float]:
+        """Spearman of each row of ``D`` (B, P) against the reference: one batched sort;
+        rows with exact ties are redone one by one with average ranks."""
+        torch = self.torch
+        cf, S_ref = ref
+        vals, idx = torch.sort(D, dim=1)
+        if not bool((vals[:, -1] > vals[:, 0]).all()):
+            raise _constant(what, self.label)
+        P = D.shape[1]
+        r = torch.arange(P, dtype=torch.float64, device=self.device) + (1.0 - (P + 1) / 2.0)
+        num = (cf[idx] * r).sum(dim=1)
+        rho = (num / math.sqrt(S_ref * (P * (P * P - 1.0) / 12.0))).cpu().tolist()
+        tied = torch.nonzero((vals[:, 1:] == vals[:, :-1]).any(dim=1)).flatten().cpu().tolist()
+        for b in tied:
+            rho[b] = self.spearman(ref, D[b], what)
+        return rho
+
+
 @contextlib.contextmanager
 def _torch_single_thread() -> Iterator[None]:
     """One torch intra-op thread while several worker threads run (restored afterwards)."""

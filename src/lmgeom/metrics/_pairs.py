@@ -182,7 +182,10 @@ def build_layout(plan: PairPlan, inv: np.ndarray | None, n_unique: int, k_hint: 
             # one Gram matrix of the unique rows; every pair reads its entry (identical rows:
             # the diagonal, set to exactly 1)
             ii, jj = np.tril_indices(n, -1)
-            pair_map = inv[ii] * np.int64(n_unique) + inv[jj]
+            ui, uj = inv[ii], inv[jj]
+            # always the lower-triangle entry: every pair of the same two unique rows reads the
+            # same bits (an update of the Gram matrix need not be exactly symmetric)
+            pair_map = np.maximum(ui, uj) * np.int64(n_unique) + np.minimum(ui, uj)
             max_block = n_unique * n_unique
         else:
             max_block = max(b.uu.size * n_unique for b in blocks)

@@ -455,9 +455,19 @@ def _null_loop(runner: Any, states: list[_Level], lv: CCRLevels, layout: Any, fd
 
     def job(worker: Any, chunk: list[np.ndarray]) -> list[list[float]]:
         Yc, PQ = worker.project_batch(be, chunk)
+        if hasattr(worker, "spearman_many"):  # torch: one batched sort per level
+            cols = []
+            for st in states:
+                D = worker.torch.stack([
+                    worker.distances(layout, worker.level_rows(
+                        be, Yc, PQ, b, k, st.m, mt, fdt, scale=st.prep.scale,
+                        what="in a null frame"))
+                    for b in range(len(chunk))])
+                cols.append(worker.spearman_many(st.ref, D, "in a null frame"))
+            return [list(r) for r in zip(*cols)]
         out = []
         for b in range(len(chunk)):
-            if shared_gram and hasattr(worker, "frame_levels"):
+            if shared_gram:
                 ds = worker.frame_levels(be, Yc, PQ, b, k, ms, mt, layout, scales,
                                          "in a null frame")
                 out.append([worker.spearman(st.ref, dv, "in a null frame")
