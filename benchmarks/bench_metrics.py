@@ -105,7 +105,7 @@ def _child(mode: str, src: Path, data: Path, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
     env.pop("OMP_NUM_THREADS", None)
     r = subprocess.run([sys.executable, "-c", _CHILD, mode, str(data), str(out)], env=env,
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, check=False)
     if r.returncode != 0:
         raise RuntimeError(f"{mode} metrics run failed:\n{r.stderr[-3000:]}")
     return json.loads(out.read_text())
@@ -157,7 +157,7 @@ def run(profile: str = "quick") -> list[dict]:
                     })
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                           capture_output=True)
+                           capture_output=True, check=False)
     return rows
 
 

@@ -19,11 +19,11 @@ from lmgeom.metrics._engine import make_runner
 from lmgeom.metrics._pairs import build_layout, make_plan
 from lmgeom.metrics.geometry import iter_frames
 from lmgeom.metrics.pga import (
-    frozen_array,
     check_basis,
     check_common,
     check_precision,
     frame_dtype,
+    frozen_array,
     null_summary,
     prepare,
     readout_projection,

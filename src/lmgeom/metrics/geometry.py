@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -184,8 +184,9 @@ class CCRLevels:
         residuals: level m -> (n, d) CCR-m matrix (as :func:`ccr` returns it, up to rounding
             of the shared eigendecomposition; bit-identical for a single level).
         directions: (m_max, d) top principal directions of the centred X, descending.
-        coefficients: (n, m_max) ``Xc @ directions.T``: level m's residual is level m_max's
-            plus ``coefficients[:, m:] @ directions[m:]``.
+        coefficients: (n, m_max) ``Xc @ directions.T`` for Xc the centred input scaled by
+            ``2**-exponent``: level m's residual is level m_max's plus
+            ``2**exponent * coefficients[:, m:] @ directions[m:]``.
         rep: None when the input rows are distinct, else ``rep[i]`` = smallest index of a row
             equal to row i (:func:`duplicate_groups` of the input).
         exponent: the power of two the input was scaled by (residuals are scaled back).
