@@ -288,12 +288,18 @@ def pair_distances(layout: Layout, Yu: np.ndarray, out: np.ndarray, gbuf: np.nda
         for blk in layout.blocks:
             w = blk.r1 - blk.r0
             G = gbuf[: w * blk.r1].reshape(w, blk.r1)
-            np.matmul(Yu[blk.r0:blk.r1], Yu[: blk.r1].T, out=G)
-            out[blk.s0:blk.s1] = G[blk.mask]
+            if G.dtype == Yu.dtype:
+                np.matmul(Yu[blk.r0:blk.r1], Yu[: blk.r1].T, out=G)
+            else:  # float32 rows: float32 products, distances formed in float64
+                G = Yu[blk.r0:blk.r1] @ Yu[: blk.r1].T
+            np.take(G.ravel(), blk.flat_tri, out=out[blk.s0:blk.s1])
     elif kind == "tri_dup" and layout.pair_map is not None:
         nu = layout.n_unique
-        G = gbuf[: nu * nu].reshape(nu, nu)
-        np.matmul(Yu, Yu.T, out=G)
+        if gbuf.dtype == Yu.dtype:
+            G = gbuf[: nu * nu].reshape(nu, nu)
+            np.matmul(Yu, Yu.T, out=G)
+        else:
+            G = Yu @ Yu.T
         G.ravel()[:: nu + 1] = 1.0  # identical rows: cos exactly 1
         np.take(G.ravel(), layout.pair_map, out=out)
     elif kind == "tri_dup":
