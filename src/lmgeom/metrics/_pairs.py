@@ -292,7 +292,7 @@ def pair_distances(layout: Layout, Yu: np.ndarray, out: np.ndarray, gbuf: np.nda
                 np.matmul(Yu[blk.r0:blk.r1], Yu[: blk.r1].T, out=G)
             else:  # float32 rows: float32 products, distances formed in float64
                 G = Yu[blk.r0:blk.r1] @ Yu[: blk.r1].T
-            np.take(G.ravel(), blk.flat_tri, out=out[blk.s0:blk.s1])
+            _take_into(G, blk.flat_tri, out[blk.s0:blk.s1])
     elif kind == "tri_dup" and layout.pair_map is not None:
         nu = layout.n_unique
         if gbuf.dtype == Yu.dtype:
@@ -301,7 +301,7 @@ def pair_distances(layout: Layout, Yu: np.ndarray, out: np.ndarray, gbuf: np.nda
         else:
             G = Yu @ Yu.T
         G.ravel()[:: nu + 1] = 1.0  # identical rows: cos exactly 1
-        np.take(G.ravel(), layout.pair_map, out=out)
+        _take_into(G, layout.pair_map, out)
     elif kind == "tri_dup":
         nu = layout.n_unique
         for blk in layout.blocks:
@@ -352,6 +352,14 @@ def pair_distances(layout: Layout, Yu: np.ndarray, out: np.ndarray, gbuf: np.nda
     if layout.same is not None and layout.same.size:
         out[layout.same] = 0.0
     return out
+
+
+def _take_into(G: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] = G.ravel()[idx]`` without a temporary when the dtypes agree."""
+    if G.dtype == out.dtype:
+        np.take(G.ravel(), idx, out=out)
+    else:
+        out[:] = np.take(G.ravel(), idx)
 
 
 def _sddmm(layout: Layout, Yu: np.ndarray, out: np.ndarray) -> None:
