@@ -15,7 +15,6 @@ import time
 from benchmarks._util import loglog_slope
 
 
-
 def _texts(n: int):
     import lmgeom
 

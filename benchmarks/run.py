@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-BENCHES = ("pga", "dispersion", "extract", "dtype", "perplexity", "analyze")
+BENCHES = ("pga", "metrics", "dispersion", "extract", "dtype", "perplexity", "analyze")
 
 
 def _machine() -> str:

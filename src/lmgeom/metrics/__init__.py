@@ -6,7 +6,7 @@ Input problems raise :class:`lmgeom.errors.ConfigError` (bad option) or
 its messages (e.g. ``label="layer 12"``).
 
 Modules: :mod:`~lmgeom.metrics.geometry` (centring, CCR, readout basis, null frames),
-:mod:`~lmgeom.metrics.pga` (Subspace PGA, PC1 share), :mod:`~lmgeom.metrics.convergence`
+:mod:`~lmgeom.metrics.pga` (Subspace PGA, all CCR levels at once, PC1 share), :mod:`~lmgeom.metrics.convergence`
 (cross-model alignment), :mod:`~lmgeom.metrics.spectral`, :mod:`~lmgeom.metrics.dispersion`,
 :mod:`~lmgeom.metrics.uncertainty`, :mod:`~lmgeom.metrics.probes`.
 """
@@ -23,7 +23,13 @@ from lmgeom.metrics.dispersion import (
     dispersion_gap_states,
 )
 from lmgeom.metrics.geometry import ccr, center, null_frames, random_frame, readout_basis
-from lmgeom.metrics.pga import PC1Share, PGAResult, pc1_readout_share, subspace_pga
+from lmgeom.metrics.pga import (
+    PC1Share,
+    PGAResult,
+    pc1_readout_share,
+    subspace_pga,
+    subspace_pga_levels,
+)
 from lmgeom.metrics.probes import ProbeResult, probe_accuracy
 from lmgeom.metrics.spectral import (
     alpha_req,
@@ -78,4 +84,5 @@ __all__ = [
     "spectral_summary",
     # PGA and diagnostics
     "subspace_pga",
+    "subspace_pga_levels",
 ]

@@ -46,6 +46,7 @@ class NumpyWorker:
         self.label = label
         self.sorter = Sorter(P)
         self._d: dict[int, np.ndarray] = {}
+        self._lv: dict[int, list[np.ndarray]] = {}
         self._g: np.ndarray = np.empty(0)
 
     def asarray(self, A: np.ndarray) -> np.ndarray:
@@ -58,6 +59,85 @@ class NumpyWorker:
         else:
             Y = Xu @ Q.astype(Xu.dtype, copy=False)
         return unit_rows(Y, scale=scale, what=what, label=self.label)
+
+    # batched null frames (subspace_pga_levels): one GEMM for a batch of frames, then each
+    # CCR level's rows from the top level's by a float64 rank correction
+    def backend(self, Xtop: np.ndarray, T: np.ndarray | None, Ptop: np.ndarray | None) -> tuple:
+        return Xtop, T, Ptop
+
+    def project_batch(self, be: tuple, chunk: list[np.ndarray]) -> tuple:
+        """``(Xtop @ [Q_1 .. Q_B], Ptop @ [Q_1 .. Q_B])`` for a batch of (d, k) frames."""
+        Xtop, _T, Ptop = be
+        Qc = np.concatenate(chunk, axis=1)
+        Yc = Xtop @ Qc.astype(Xtop.dtype, copy=False)
+        return Yc, (None if Ptop is None else Ptop @ Qc)
+
+    def level_rows(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
+                   m: int, mt: int, fdt: type, *, scale: float, what: str) -> np.ndarray:
+        """Unit rows of frame b's projection at CCR level m (the batch is at level mt)."""
+        Yb = Yc[:, b * k:(b + 1) * k]
+        if m == mt:
+            Y = np.array(Yb, order="C")
+        else:
+            Y = Yb + be[1][:, m:mt] @ PQ[m:mt, b * k:(b + 1) * k]
+            if Y.dtype != fdt:
+                Y = Y.astype(fdt)
+        return unit_rows(Y, scale=scale, what=what, label=self.label)
+
+    def frame_levels(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
+                     ms: list[int], mt: int, layout: Layout, scales: list[float],
+                     what: str) -> list[np.ndarray]:
+        """Pair distances of frame b at every level in ``ms`` (exact layouts without
+        duplicates), from one Gram matrix of the top level's projection Y_t: with
+        Y_m = Y_t + A B (A the n x r PC coefficients, B the r x k projected directions),
+        ``Y_m Y_m^T = Y_t Y_t^T + L R^T``, L = [U + A M/2, A], R = [A, U + A M/2], U = Y_t B^T,
+        M = B B^T: a rank-2r update in float64, scaled by the exact row norms of Y_m."""
+        Yt = np.ascontiguousarray(Yc[:, b * k:(b + 1) * k])
+        Yt64 = Yt if Yt.dtype == np.float64 else Yt.astype(np.float64)
+        upd = []
+        for m, scale in zip(ms, scales):
+            if m == mt:
+                Ym, LR = Yt64, None
+            else:
+                A = be[1][:, m:mt]
+                Bm = PQ[m:mt, b * k:(b + 1) * k]
+                Ym = Yt64 + A @ Bm
+                U = Yt64 @ Bm.T
+                U += A @ (0.5 * (Bm @ Bm.T))
+                LR = (np.hstack([U, A]), np.hstack([A, U]))
+            norms = np.sqrt(np.einsum("ij,ij->i", Ym, Ym))
+            bad = np.flatnonzero(~(norms > ZERO_RTOL * scale))
+            if bad.size:
+                raise zero_rows_error(bad, Ym.shape[0], what, self.label)
+            upd.append((1.0 / norms, LR))
+        outs = self._lv.get(len(ms))
+        if outs is None or outs[0].size != layout.n_pairs:
+            outs = self._lv[len(ms)] = [np.empty(layout.n_pairs) for _ in ms]
+        if self._g.size < layout.max_block:
+            self._g = np.empty(layout.max_block)
+        if layout.pair_map is not None:  # duplicate rows: one Gram of the unique rows
+            nu = layout.n_unique
+            blocks = [(0, nu, 0, layout.n_pairs, layout.pair_map)]
+        else:
+            blocks = [(b.r0, b.r1, b.s0, b.s1, b.flat_tri) for b in layout.blocks]
+        for r0, r1, s0, s1, flat in blocks:
+            w = r1 - r0
+            Gt = Yt[r0:r1] @ Yt[:r1].T
+            G = self._g[: w * r1].reshape(w, r1)
+            for (inv, LR), out in zip(upd, outs):
+                if LR is None:
+                    np.copyto(G, Gt)
+                else:
+                    np.matmul(LR[0][r0:r1], LR[1][:r1].T, out=G)
+                    G += Gt
+                G *= inv[r0:r1, None]
+                G *= inv[None, :r1]
+                if layout.pair_map is not None:
+                    G.ravel()[:: r1 + 1] = 1.0  # identical rows: cos exactly 1
+                np.take(G.ravel(), flat, out=out[s0:s1])
+        for out in outs:
+            np.subtract(1.0, out, out=out)
+        return outs
 
     def distances(self, layout: Layout, Yu: np.ndarray, slot: int = 0) -> np.ndarray:
         out = self._d.get(slot)
@@ -116,6 +196,34 @@ class TorchWorker:
         Y = Xt.clone() if Q is None else Xt @ torch.tensor(Q, dtype=torch.float64, device=self.device)
         norms = torch.linalg.vector_norm(Y, dim=1)
         bad = torch.nonzero(~(norms > ZERO_RTOL * scale)).flatten()
+        if bad.numel():
+            raise zero_rows_error(bad.cpu().numpy(), Y.shape[0], what, self.label)
+        return Y / norms[:, None]
+
+    def backend(self, Xtop: np.ndarray, T: np.ndarray | None, Ptop: np.ndarray | None) -> tuple:
+        torch = self.torch
+
+        def t(a: Any) -> Any:
+            if a is None:
+                return None
+            return torch.as_tensor(np.ascontiguousarray(a), dtype=torch.float64,
+                                   device=self.device)
+
+        return t(Xtop), t(T), t(Ptop)
+
+    def project_batch(self, be: tuple, chunk: list[np.ndarray]) -> tuple:
+        torch = self.torch
+        Qc = torch.as_tensor(np.concatenate(chunk, axis=1), dtype=torch.float64,
+                             device=self.device)
+        return be[0] @ Qc, (None if be[2] is None else be[2] @ Qc)
+
+    def level_rows(self, be: tuple, Yc: Any, PQ: Any, b: int, k: int, m: int, mt: int,
+                   fdt: type, *, scale: float, what: str) -> Any:
+        Y = Yc[:, b * k:(b + 1) * k]
+        if m != mt:
+            Y = Y + be[1][:, m:mt] @ PQ[m:mt, b * k:(b + 1) * k]
+        norms = self.torch.linalg.vector_norm(Y, dim=1)
+        bad = self.torch.nonzero(~(norms > ZERO_RTOL * scale)).flatten()
         if bad.numel():
             raise zero_rows_error(bad.cpu().numpy(), Y.shape[0], what, self.label)
         return Y / norms[:, None]
@@ -221,6 +329,24 @@ class TorchWorker:
         P = d.numel()
         num = float(torch.dot(cf[idx], r))
         return num / math.sqrt(S_ref * (P * (P * P - 1.0) / 12.0 - tie))
+
+
+    def spearman_many(self, ref: tuple[Any, float], D: Any, what: str) -> list[float]:
+        """Spearman of each row of ``D`` (B, P) against the reference: one batched sort;
+        rows with exact ties are redone one by one with average ranks."""
+        torch = self.torch
+        cf, S_ref = ref
+        vals, idx = torch.sort(D, dim=1)
+        if not bool((vals[:, -1] > vals[:, 0]).all()):
+            raise _constant(what, self.label)
+        P = D.shape[1]
+        r = torch.arange(P, dtype=torch.float64, device=self.device) + (1.0 - (P + 1) / 2.0)
+        num = (cf[idx] * r).sum(dim=1)
+        rho = (num / math.sqrt(S_ref * (P * (P * P - 1.0) / 12.0))).cpu().tolist()
+        tied = torch.nonzero((vals[:, 1:] == vals[:, :-1]).any(dim=1)).flatten().cpu().tolist()
+        for b in tied:
+            rho[b] = self.spearman(ref, D[b], what)
+        return rho
 
 
 @contextlib.contextmanager

@@ -111,6 +111,7 @@ class _Block:
     uinv: np.ndarray | None = None
     cols: np.ndarray | None = None
     flat: np.ndarray | None = None  # sampled gram: flat indices into the (r1-r0, r1) block
+    flat_tri: np.ndarray | None = None  # exact: flat indices of ``mask`` (row-major order)
 
 
 @dataclass
@@ -127,6 +128,7 @@ class Layout:
     expand: np.ndarray | None = None  # sampled with duplicates: plan pair -> (a, b) entry
     same: np.ndarray | None = None  # sampled: positions (plan order) of identical-row pairs
     max_block: int = 0
+    pair_map: np.ndarray | None = None  # exact with duplicates: pair -> flat unique-Gram index
     _torch_cache: dict = field(default_factory=dict)
 
 
@@ -148,10 +150,10 @@ def unique_rows(Xp: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def _block_rows(n: int) -> int:
-    """Rows per Gram block: the whole matrix when small, else a quarter (so the lower
-    trapezoids cost ~0.6 n^2 instead of n^2), capped at _BLOCK_ELEMS elements per block."""
+    """Rows per Gram block: the whole matrix when small (n <= 256), else a quarter (so the
+    lower trapezoids cost ~0.6 n^2 instead of n^2), capped at _BLOCK_ELEMS elements per block."""
     cap = max(1, _BLOCK_ELEMS // max(n, 1))
-    if n <= 512:
+    if n <= 256:
         return min(n, cap)
     return max(1, min(cap, -(-n // 4)))
 
@@ -165,18 +167,30 @@ def build_layout(plan: PairPlan, inv: np.ndarray | None, n_unique: int, k_hint: 
         for r0 in range(0, n, B):
             r1 = min(n, r0 + B)
             mask = np.arange(r1)[None, :] < np.arange(r0, r1)[:, None]
-            blk = _Block(r0, r1, r0 * (r0 - 1) // 2 if r0 else 0, r1 * (r1 - 1) // 2, mask=mask)
+            blk = _Block(r0, r1, r0 * (r0 - 1) // 2 if r0 else 0, r1 * (r1 - 1) // 2, mask=mask,
+                         flat_tri=np.flatnonzero(mask.ravel()))
             if inv is not None:
                 ub = inv[r0:r1]
                 uu, uinv = np.unique(ub, return_inverse=True)
                 blk.uu, blk.uinv, blk.cols = uu, uinv.ravel(), inv[:r1]
             blocks.append(blk)
         kind = "tri" if inv is None else "tri_dup"
+        pair_map = None
         if inv is None:
             max_block = max((b.r1 - b.r0) * b.r1 for b in blocks)
+        elif n_unique * n_unique <= _BLOCK_ELEMS:
+            # one Gram matrix of the unique rows; every pair reads its entry (identical rows:
+            # the diagonal, set to exactly 1)
+            ii, jj = np.tril_indices(n, -1)
+            ui, uj = inv[ii], inv[jj]
+            # always the lower-triangle entry: every pair of the same two unique rows reads the
+            # same bits (an update of the Gram matrix need not be exactly symmetric)
+            pair_map = np.maximum(ui, uj) * np.int64(n_unique) + np.minimum(ui, uj)
+            max_block = n_unique * n_unique
         else:
             max_block = max(b.uu.size * n_unique for b in blocks)
-        return Layout(kind, n, n_unique, plan.n_pairs, blocks, max_block=max_block)
+        return Layout(kind, n, n_unique, plan.n_pairs, blocks, max_block=max_block,
+                      pair_map=pair_map)
     # sampled: distinct unique-row pairs (a >= b) sorted by (a, b), expanded to plan order
     assert plan.i is not None and plan.j is not None
     ui = plan.i if inv is None else inv[plan.i]
@@ -274,8 +288,20 @@ def pair_distances(layout: Layout, Yu: np.ndarray, out: np.ndarray, gbuf: np.nda
         for blk in layout.blocks:
             w = blk.r1 - blk.r0
             G = gbuf[: w * blk.r1].reshape(w, blk.r1)
-            np.matmul(Yu[blk.r0:blk.r1], Yu[: blk.r1].T, out=G)
-            out[blk.s0:blk.s1] = G[blk.mask]
+            if G.dtype == Yu.dtype:
+                np.matmul(Yu[blk.r0:blk.r1], Yu[: blk.r1].T, out=G)
+            else:  # float32 rows: float32 products, distances formed in float64
+                G = Yu[blk.r0:blk.r1] @ Yu[: blk.r1].T
+            _take_into(G, blk.flat_tri, out[blk.s0:blk.s1])
+    elif kind == "tri_dup" and layout.pair_map is not None:
+        nu = layout.n_unique
+        if gbuf.dtype == Yu.dtype:
+            G = gbuf[: nu * nu].reshape(nu, nu)
+            np.matmul(Yu, Yu.T, out=G)
+        else:
+            G = Yu @ Yu.T
+        G.ravel()[:: nu + 1] = 1.0  # identical rows: cos exactly 1
+        _take_into(G, layout.pair_map, out)
     elif kind == "tri_dup":
         nu = layout.n_unique
         for blk in layout.blocks:
@@ -326,6 +352,14 @@ def pair_distances(layout: Layout, Yu: np.ndarray, out: np.ndarray, gbuf: np.nda
     if layout.same is not None and layout.same.size:
         out[layout.same] = 0.0
     return out
+
+
+def _take_into(G: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] = G.ravel()[idx]`` without a temporary when the dtypes agree."""
+    if G.dtype == out.dtype:
+        np.take(G.ravel(), idx, out=out)
+    else:
+        out[:] = np.take(G.ravel(), idx)
 
 
 def _sddmm(layout: Layout, Yu: np.ndarray, out: np.ndarray) -> None:

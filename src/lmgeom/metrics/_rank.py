@@ -33,7 +33,8 @@ class ConstantVectorError(ValueError):
 
 
 def _label_dtype(P: int) -> type:
-    return np.uint32 if P < (1 << 32) else np.uint64
+    # uint64 labels combine with the keys without a cast; uint32 halves the memory when large
+    return np.uint64 if P <= (1 << 24) or P >= (1 << 32) else np.uint32
 
 
 class Sorter:
@@ -46,6 +47,8 @@ class Sorter:
         self.key = np.empty(self.P, dtype=np.uint64)
         self._tmp = np.empty(min(self.P, _CHUNK))
         self._x = np.empty(min(self.P, _CHUNK), dtype=np.uint64)
+        self._ids: np.ndarray | None = None
+        self._cpos: np.ndarray | None = None
 
     def sort(self, d: np.ndarray, labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """Sort ``d`` approximately by value, carrying ``labels`` (default: indices).
@@ -55,11 +58,56 @@ class Sorter:
             that is correct except inside collision runs; ``e`` the positions t at which
             element t and t+1 share the same high bits (to be fixed by :func:`fix_runs`).
         """
-        P, s, kb = self.P, self.s, self.kb
+        P, s = self.P, self.s
         lo = float(d.min())
         hi = float(d.max())
         if not hi > lo:
             raise ConstantVectorError("all values are equal")
+        if lo >= 0.0 and d.dtype == np.float64 and d.flags.c_contiguous \
+                and int(d.view(np.int64).min()) >= 0:
+            self._bits_keys(d, labels)
+        else:
+            self._fixed_point_keys(d, labels, lo, hi)
+        key = self.key
+        key.sort()
+        parts = []
+        x = self._x
+        limit = np.uint64(1 << s)
+        for c0 in range(0, P - 1, _CHUNK):
+            c1 = min(P - 1, c0 + _CHUNK)
+            xx = x[: c1 - c0]
+            np.bitwise_xor(key[c0 + 1:c1 + 1], key[c0:c1], out=xx)
+            hit = np.flatnonzero(xx < limit)
+            if hit.size:
+                parts.append(hit + c0)
+        e = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        np.bitwise_and(key, np.uint64((1 << s) - 1), out=key)
+        return key.view(np.int64), e
+
+    def _bits_keys(self, d: np.ndarray, labels: np.ndarray | None) -> None:
+        """Keys from the IEEE bits of non-negative float64 values (monotone in the value):
+        the low s mantissa bits are replaced by the label (2 passes instead of 6)."""
+        P, key = self.P, self.key
+        np.bitwise_and(d.view(np.uint64), np.uint64(~((1 << self.s) - 1) & ((1 << 64) - 1)),
+                       out=key)
+        if labels is None:
+            np.bitwise_or(key, self._iota(), out=key)
+        elif labels.dtype == np.uint64:
+            np.bitwise_or(key, labels, out=key)
+        else:
+            for c0 in range(0, P, _CHUNK):
+                c1 = min(P, c0 + _CHUNK)
+                np.bitwise_or(key[c0:c1], labels[c0:c1], out=key[c0:c1], casting="unsafe")
+
+    def _iota(self) -> np.ndarray:
+        if self._ids is None:
+            self._ids = np.arange(self.P, dtype=np.uint64)
+        return self._ids
+
+    def _fixed_point_keys(self, d: np.ndarray, labels: np.ndarray | None, lo: float,
+                          hi: float) -> None:
+        """Keys from a fixed-point image of ``(d - min)`` (any sign; the general path)."""
+        P, s, kb = self.P, self.s, self.kb
         scale = (2.0 ** kb - 1.0) / (hi - lo) * (1.0 - 1e-12)
         if not math.isfinite(scale):  # pragma: no cover - spread below 1e-290
             scale = 1.0
@@ -77,20 +125,14 @@ class Sorter:
                 np.bitwise_or(kk, np.arange(c0, c1, dtype=np.uint64), out=kk)
             else:
                 np.bitwise_or(kk, labels[c0:c1], out=kk, casting="unsafe")
-        key.sort()
-        parts = []
-        x = self._x
-        for c0 in range(0, P - 1, _CHUNK):
-            c1 = min(P - 1, c0 + _CHUNK)
-            xx = x[: c1 - c0]
-            np.bitwise_xor(key[c0 + 1:c1 + 1], key[c0:c1], out=xx)
-            np.right_shift(xx, sh, out=xx)
-            hit = np.flatnonzero(xx == 0)
-            if hit.size:
-                parts.append(hit + c0)
-        e = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-        np.bitwise_and(key, np.uint64((1 << s) - 1), out=key)
-        return key.view(np.int64), e
+
+    def centred_positions(self) -> np.ndarray | None:
+        """``t + 1 - (P + 1) / 2`` for t in range(P), cached (None above 2**24 elements)."""
+        if self.P > (1 << 24):
+            return None
+        if self._cpos is None:
+            self._cpos = np.arange(self.P, dtype=np.float64) + (1.0 - (self.P + 1) / 2.0)
+        return self._cpos
 
 
 def fix_runs(lab: np.ndarray, e: np.ndarray,
@@ -110,19 +152,20 @@ def fix_runs(lab: np.ndarray, e: np.ndarray,
     if e.size == 0:
         return empty
     P = lab.size
-    eq = np.zeros(P, dtype=bool)
-    eq[e] = True
-    pos = np.union1d(e, e + 1)
-    cont = np.zeros(pos.size, dtype=bool)
-    cont[1:] = (pos[1:] - 1 == pos[:-1]) & eq[pos[1:] - 1]
-    run = np.cumsum(~cont)
+    flag = np.zeros(P, dtype=bool)
+    flag[e] = True
+    flag[e + 1] = True
+    pos = np.flatnonzero(flag)  # every position inside a collision run, ascending
     lab_p = lab[pos]
     vals = values_of(lab_p)
-    o = np.lexsort((lab_p, vals, run))
+    # runs have distinct high key bits, so values of different runs are already in run order
+    # and equal values only occur inside one run: one stable sort by value (nearly sorted,
+    # timsort) finishes every run at once
+    o = np.argsort(vals, kind="stable")
     lab_p = lab_p[o]
     vals = vals[o]
     lab[pos] = lab_p
-    same = (vals[1:] == vals[:-1]) & (run[1:] == run[:-1])
+    same = vals[1:] == vals[:-1]
     if not same.any():
         return empty
     start = np.ones(pos.size, dtype=bool)
@@ -203,10 +246,18 @@ def spearman_to_reference(ref: RankReference, d: np.ndarray, sorter: Sorter) -> 
     order = ref.order
     first, count = fix_runs(lab, e, lambda x: d[order[x]])
     parts = []
-    for c0 in range(0, P, _CHUNK):
-        c1 = min(P, c0 + _CHUNK)
-        cf = ref.centred_at(lab[c0:c1])
-        parts.append(float(np.dot(cf, np.arange(c0 + 1.0 - m, c1 + 1.0 - m))))
+    tc = sorter.centred_positions()
+    if tc is not None and ref.cpos is None:
+        # no ties in the reference: sum_t (lab_t + 1 - m)(t + 1 - m) = sum_t lab_t (t + 1 - m)
+        # (the centred positions sum to 0), one BLAS dot
+        parts.append(float(np.dot(lab.astype(np.float64), tc)))
+    elif tc is not None:
+        parts.append(float(np.dot(np.take(ref.cpos, lab), tc)))
+    else:
+        for c0 in range(0, P, _CHUNK):
+            c1 = min(P, c0 + _CHUNK)
+            cf = ref.centred_at(lab[c0:c1])
+            parts.append(float(np.dot(cf, np.arange(c0 + 1.0 - m, c1 + 1.0 - m))))
     S = P * (P * P - 1.0) / 12.0
     if first.size:
         positions, avg = _expand_groups(first, count)

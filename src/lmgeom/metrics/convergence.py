@@ -19,11 +19,11 @@ from lmgeom.metrics._engine import make_runner
 from lmgeom.metrics._pairs import build_layout, make_plan
 from lmgeom.metrics.geometry import iter_frames
 from lmgeom.metrics.pga import (
-    _frozen,
     check_basis,
     check_common,
     check_precision,
     frame_dtype,
+    frozen_array,
     null_summary,
     prepare,
     readout_projection,
@@ -165,7 +165,7 @@ def _alignment(X_a: Any, X_b: Any, basis_a: Any, basis_b: Any, n_null: int, ccr:
     null = np.asarray(runner.map(lambda wk, fr: corr(wk, fr[0], fr[1], "null frame"), frames))
     s = null_summary(rho_read, null, label)
     return AlignmentResult(
-        rho_full=float(rho_full), rho_readout=float(rho_read), null=_frozen(null),
+        rho_full=float(rho_full), rho_readout=float(rho_read), null=frozen_array(null),
         k_a=int(ka), k_b=int(kb), d_a=pa.d, d_b=pb.d, n=pa.n, n_null=n_null, ccr=ccr,
         pairs=int(plan.n_pairs), exact=plan.exact, seed=seed, precision=np.dtype(fdt).name, **s,
     )

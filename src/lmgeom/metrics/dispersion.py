@@ -36,6 +36,7 @@ __all__ = [
     "dispersion_gap",
     "dispersion_gap_states",
     "group_means",
+    "mean_cosine_numpy",
     "token_dispersion",
 ]
 
@@ -109,7 +110,7 @@ def _check_numpy(H: Any, name: str, label: str | None, min_rows: int) -> np.ndar
     return A
 
 
-def _mean_cosine_numpy(A: np.ndarray, label: str | None) -> float:
+def mean_cosine_numpy(A: np.ndarray, label: str | None) -> float:
     """Mean off-diagonal cosine of the rows of a validated float64 matrix (= 1 - D)."""
     A = _check_numpy(A, "X", label, 2)
     return float(1.0 - _dispersion_core(A))

@@ -21,6 +21,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,12 +42,15 @@ from lmgeom.metrics._common import (
 __all__ = [
     "RANK_RTOL",
     "ZERO_RTOL",
+    "CCRLevels",
     "ccr",
+    "ccr_levels",
     "center",
     "duplicate_groups",
     "null_frames",
     "random_frame",
     "readout_basis",
+    "top_directions",
 ]
 
 #: Relative tolerance on singular values below which a direction counts as numerically absent
@@ -81,7 +85,7 @@ def _top_eigh(C: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray]:
     return w[::-1].copy(), V[:, ::-1].copy()
 
 
-def _top_directions(Xc: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray]:
+def top_directions(Xc: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-q principal directions of a centred matrix.
 
     From the dense float64 eigendecomposition (LAPACK ``syevx``, top q pairs only) of the
@@ -168,8 +172,45 @@ def ccr(X: Any, m: int = 1, *, label: str | None = None) -> np.ndarray:
         ConfigError: m < 0, or m >= the numerical rank of the centred X (nothing would be left).
         DataError: non-finite values, or fewer than 2 rows.
     """
-    A0 = as_matrix(X, name="X", label=label, min_rows=2)
     m = check_int(m, name="ccr (number of components removed)", minimum=0, label=label)
+    return ccr_levels(X, (m,), label=label).residuals[m]
+
+
+@dataclass(frozen=True)
+class CCRLevels:
+    """Several CCR levels of one matrix from one eigendecomposition (:func:`ccr_levels`).
+
+    Attributes:
+        residuals: level m -> (n, d) CCR-m matrix (as :func:`ccr` returns it, up to rounding
+            of the shared eigendecomposition; bit-identical for a single level).
+        directions: (m_max, d) top principal directions of the centred X, descending.
+        coefficients: (n, m_max) ``Xc @ directions.T`` for Xc the centred input scaled by
+            ``2**-exponent``: level m's residual is level m_max's plus
+            ``2**exponent * coefficients[:, m:] @ directions[m:]``.
+        rep: None when the input rows are distinct, else ``rep[i]`` = smallest index of a row
+            equal to row i (:func:`duplicate_groups` of the input).
+        exponent: the power of two the input was scaled by (residuals are scaled back).
+    """
+
+    residuals: dict
+    directions: np.ndarray
+    coefficients: np.ndarray
+    rep: np.ndarray | None
+    exponent: int
+
+
+def ccr_levels(X: Any, levels: Any, *, label: str | None = None) -> CCRLevels:
+    """CCR-m for every m in ``levels`` with one eigendecomposition (top max(levels)+1 pairs).
+
+    Each level is checked as :func:`ccr` checks it (same errors). The directions of a level m
+    are the first m of the shared top-(m_max + 1) eigenvectors, which equal those of a separate
+    top-(m + 1) decomposition up to rounding (bit-identical when ``levels`` has one entry).
+    """
+    A0 = as_matrix(X, name="X", label=label, min_rows=2)
+    levels = sorted({check_int(m, name="ccr (number of components removed)", minimum=0,
+                               label=label) for m in levels})
+    if not levels:
+        raise config_error("give at least one CCR level", label)
     top = float(np.max(np.abs(A0)))
     e = int(np.frexp(top)[1]) if top > 0 else 0
     A = np.ldexp(A0, -e) if e else A0  # exact power-of-two scaling: no overflow in Gram
@@ -182,29 +223,43 @@ def ccr(X: Any, m: int = 1, *, label: str | None = None) -> np.ndarray:
             "after centring — identical texts collapse onto the mean; pass distinct texts",
             label,
         )
-    if m > 0:
+    m_max = levels[-1]
+    P = np.zeros((0, d))
+    if m_max > 0:
         max_rank = min(n - 1, d)
-        if m >= max_rank:
+        if m_max >= max_rank:
             raise config_error(
-                f"CCR-{m} removes {m} principal components but the centred X (n={n}, d={d}) "
-                f"has rank at most {max_rank}; use ccr < {max_rank} or pass more rows",
+                f"CCR-{m_max} removes {m_max} principal components but the centred X (n={n}, "
+                f"d={d}) has rank at most {max_rank}; use ccr < {max_rank} or pass more rows",
                 label,
             )
         with blas_threads(float(n) * d * min(n, d) + float(min(n, d)) ** 3):
-            P, lam = _top_directions(Xc, m + 1)
-        if lam[0] <= 0 or lam[m] <= (RANK_RTOL ** 2) * lam[0]:
-            rank = int(np.count_nonzero(lam > (RANK_RTOL ** 2) * max(lam[0], 0.0)))
-            raise config_error(
-                f"CCR-{m}: the centred X has numerical rank {rank} <= {m} (singular values "
-                f"below {RANK_RTOL:g} x the largest count as zero), so removing {m} components "
-                "leaves only rounding noise; use a smaller ccr",
-                label,
-            )
-        Pm = P[:m]
-        with blas_threads(4.0 * n * d * m):
-            Xc -= (Xc @ Pm.T) @ Pm
-    out = _canonicalise(Xc, duplicate_groups(A))
-    return np.ldexp(out, e) if e else out
+            P, lam = top_directions(Xc, m_max + 1)
+        for m in levels:
+            if m > 0 and (lam[0] <= 0 or lam[m] <= (RANK_RTOL ** 2) * lam[0]):
+                rank = int(np.count_nonzero(lam > (RANK_RTOL ** 2) * max(lam[0], 0.0)))
+                raise config_error(
+                    f"CCR-{m}: the centred X has numerical rank {rank} <= {m} (singular values "
+                    f"below {RANK_RTOL:g} x the largest count as zero), so removing {m} "
+                    "components leaves only rounding noise; use a smaller ccr",
+                    label,
+                )
+        P = P[:m_max]
+    rep = duplicate_groups(A)
+    with blas_threads(2.0 * n * d * m_max):
+        T = Xc @ P.T
+    out = {}
+    for m in levels:
+        if m == 0:
+            R = Xc.copy() if m_max > 0 else Xc
+        else:
+            Pm = P[:m]
+            with blas_threads(4.0 * n * d * m):
+                R = Xc - (Xc @ Pm.T) @ Pm
+        R = _canonicalise(R, rep)
+        out[m] = np.ldexp(R, e) if e else R
+    return CCRLevels(residuals=out, directions=P, coefficients=_canonicalise(T, rep), rep=rep,
+                     exponent=e)
 
 
 def _rows_float64(W: Any, r0: int, r1: int) -> np.ndarray:

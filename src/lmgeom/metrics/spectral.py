@@ -24,7 +24,7 @@ from lmgeom.metrics._common import (
     data_error,
     pow2_normalise,
 )
-from lmgeom.metrics.dispersion import _mean_cosine_numpy
+from lmgeom.metrics.dispersion import mean_cosine_numpy
 
 __all__ = [
     "alpha_req",
@@ -186,7 +186,7 @@ def mean_cosine(X: Any, *, label: str | None = None) -> float:
     i.e. ``1 - dispersion(X)``. Not centred: the common direction is what it measures.
     """
     A = as_matrix(X, name="X", label=label, min_rows=2)
-    return _mean_cosine_numpy(A, label)
+    return mean_cosine_numpy(A, label)
 
 
 def _condition(s: np.ndarray, rtol: float, label: str | None) -> float:
@@ -223,7 +223,7 @@ def spectral_summary(X: Any, *, eps: float = 1e-7, rank_range: tuple[int, int] |
         "rankme": _rankme(s, eps, label),
         "alpha_req": alpha,
         "isoscore": _isoscore(s, A.shape[1], label),
-        "mean_cosine": _mean_cosine_numpy(A, label),
+        "mean_cosine": mean_cosine_numpy(A, label),
         "condition_number": _condition(s, tol, label),
         "alpha_rank_lo": lo,
         "alpha_rank_hi": hi,

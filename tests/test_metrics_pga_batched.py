@@ -1,0 +1,167 @@
+"""The batched null loop: ``subspace_pga_levels`` against per-level ``subspace_pga`` and the
+explicit scipy loop, the torch path against numpy, the float32 tolerance, and the packed-key
+ranks (float64-bit keys and fixed-point keys) against ``scipy.stats.rankdata`` on ties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import rankdata, spearmanr
+from test_metrics_pga import anisotropic, reference_pga
+
+import lmgeom.metrics as M
+from lmgeom.errors import ConfigError, DataError
+from lmgeom.metrics._rank import RankReference, Sorter, spearman_to_reference
+
+
+@pytest.fixture(scope="module")
+def layer():
+    rng = np.random.default_rng(17)
+    n, d, k = 150, 32, 6
+    X = anisotropic(rng, n, d)
+    X[:, :2] += rng.standard_normal((n, 2)) * np.array([30.0, 12.0])  # dominant PCs
+    X[9] = X[4]  # duplicate texts: exact ties in every space
+    X[77] = X[4]
+    W = rng.standard_normal((300, d)) * np.geomspace(0.3, 3.0, d)
+    return X, M.readout_basis(W, k)
+
+
+@pytest.mark.parametrize("pairs", [None, 2500, 700])
+@pytest.mark.parametrize("precision", ["auto", "float64"])
+def test_levels_equal_per_level_subspace_pga(layer, pairs, precision):
+    X, V = layer
+    if precision == "auto" and pairs is not None:
+        pytest.skip("float32 frames: see test_float32_levels_within_documented_tolerance")
+    got = M.subspace_pga_levels(X, V, ccr=(5, 0, 1, 3), n_null=14, pairs=pairs, seed=3,
+                                precision=precision)
+    assert list(got) == [0, 1, 3, 5]
+    for m, r in got.items():
+        one = M.subspace_pga(X, V, ccr=m, n_null=14, pairs=pairs, seed=3, precision=precision)
+        assert (r.ccr, r.pairs, r.exact, r.n_unique, r.precision) == (
+            m, one.pairs, one.exact, one.n_unique, one.precision)
+        assert r.rho_readout == pytest.approx(one.rho_readout, abs=1e-12)
+        np.testing.assert_allclose(r.null, one.null, rtol=0, atol=1e-12)
+        assert r.z == pytest.approx(one.z, abs=1e-9)
+        assert r.p_value == one.p_value
+
+
+@pytest.mark.parametrize("pairs", [None, 900])
+def test_levels_match_the_explicit_scipy_loop(layer, pairs):
+    X, V = layer
+    got = M.subspace_pga_levels(X, V, ccr=(0, 2, 4), n_null=10, pairs=pairs, seed=8,
+                                precision="float64")
+    for m, r in got.items():
+        z, rho, null = reference_pga(X, V, n_null=10, ccr=m, seed=8, pairs=pairs)
+        assert r.rho_readout == pytest.approx(rho, abs=1e-12)
+        np.testing.assert_allclose(r.null, null, rtol=0, atol=1e-12)
+        assert r.z == pytest.approx(z, abs=1e-9)
+
+
+def test_single_level_and_int_ccr(layer):
+    X, V = layer
+    a = M.subspace_pga_levels(X, V, ccr=2, n_null=6, seed=1)
+    b = M.subspace_pga(X, V, ccr=2, n_null=6, seed=1)
+    assert list(a) == [2]
+    np.testing.assert_array_equal(a[2].null, b.null)
+
+
+def test_float32_levels_within_documented_tolerance(layer):
+    X, V = layer
+    f64 = M.subspace_pga_levels(X, V, n_null=20, seed=0, precision="float64")
+    for pairs in (None, 3000):
+        f32 = M.subspace_pga_levels(X, V, n_null=20, seed=0, pairs=pairs, precision="float32")
+        ref = f64 if pairs is None else M.subspace_pga_levels(
+            X, V, n_null=20, seed=0, pairs=pairs, precision="float64")
+        for m in f64:
+            assert f32[m].precision == "float32"
+            np.testing.assert_allclose(f32[m].null, ref[m].null, atol=1e-4)
+            assert f32[m].z == pytest.approx(ref[m].z, abs=1e-2)
+    auto = M.subspace_pga_levels(X, V, n_null=4, pairs=3000)
+    assert all(r.precision == "float32" for r in auto.values())  # sampled + auto: float32
+
+
+def test_torch_cpu_path_matches_numpy(layer):
+    torch = pytest.importorskip("torch")
+    X, V = layer
+    for pairs in (None, 900, 3000):
+        a = M.subspace_pga_levels(X, V, ccr=(0, 1, 4), n_null=8, seed=2, pairs=pairs,
+                                  precision="float64")
+        b = M.subspace_pga_levels(torch.tensor(X), torch.tensor(V), ccr=(0, 1, 4), n_null=8,
+                                  seed=2, pairs=pairs, device=torch.device("cpu"))
+        for m in a:
+            assert b[m].precision == "float64"
+            np.testing.assert_allclose(b[m].null, a[m].null, rtol=0, atol=1e-12)
+            assert b[m].z == pytest.approx(a[m].z, abs=1e-9)
+
+
+def test_batch_size_does_not_change_results(layer, monkeypatch):
+    from lmgeom.metrics import pga
+
+    X, V = layer
+    a = M.subspace_pga_levels(X, V, n_null=7, seed=4)
+    monkeypatch.setattr(pga, "_BATCH_FRAMES", 3)
+    b = M.subspace_pga_levels(X, V, n_null=7, seed=4, workers=2)
+    for m in a:
+        np.testing.assert_allclose(b[m].null, a[m].null, rtol=0, atol=1e-13)
+
+
+def test_levels_errors(layer):
+    X, V = layer
+    with pytest.raises(ConfigError, match="at least one CCR level"):
+        M.subspace_pga_levels(X, V, ccr=())
+    with pytest.raises(ConfigError, match="ccr"):
+        M.subspace_pga_levels(X, V, ccr=(0, -1))
+    with pytest.raises(ConfigError, match="iterable"):
+        M.subspace_pga_levels(X, V, ccr=1.5)
+    with pytest.raises(ConfigError, match="CCR-40"):
+        M.subspace_pga_levels(X, V, ccr=(0, 40), n_null=3)
+    with pytest.raises(ConfigError, match="n_null"):
+        M.subspace_pga_levels(X, V, n_null=1)
+    with pytest.raises(DataError, match="^layer 3: "):
+        M.subspace_pga_levels(X[:3], V, n_null=3, label="layer 3")
+
+
+def test_ccr_levels_match_ccr(layer):
+    X, _ = layer
+    lv = M.geometry.ccr_levels(X, (0, 1, 3))
+    for m in (0, 1, 3):
+        np.testing.assert_allclose(lv.residuals[m], M.ccr(X, m), atol=1e-12)
+    np.testing.assert_array_equal(M.geometry.ccr_levels(X, (3,)).residuals[3], M.ccr(X, 3))
+    np.testing.assert_allclose(lv.residuals[0] - lv.residuals[3],
+                               np.ldexp(lv.coefficients @ lv.directions, lv.exponent), atol=1e-10)
+
+
+# ---------------------------------------------------------------- ranks on ties -----------
+
+
+def _rho(a, b):
+    s = Sorter(a.size)
+    return spearman_to_reference(RankReference(a, s), b, s)
+
+
+@pytest.mark.parametrize("shift", [0.0, -0.5])  # >= 0: float64-bit keys; < 0: fixed-point keys
+def test_packed_ranks_equal_scipy_rankdata_on_ties(shift):
+    rng = np.random.default_rng(5)
+    a = np.round(rng.random(20_000), 3) + shift
+    b = np.round(a + rng.random(20_000), 2)
+    ref = RankReference(a, Sorter(a.size))
+    got = ref.centred_at(ref.posf.astype(np.int64)) + (a.size + 1) / 2
+    np.testing.assert_array_equal(got, rankdata(a))
+    assert _rho(a, b) == pytest.approx(spearmanr(a, b)[0], abs=1e-12)
+    assert _rho(b, a) == pytest.approx(spearmanr(b, a)[0], abs=1e-12)
+
+
+def test_bit_keys_order_ulp_neighbours_and_zero_exactly():
+    rng = np.random.default_rng(6)
+    base = np.array([0.0, 5e-324, 1e-300, 0.25, 1.0, 1.9999999999999998])
+    near = np.concatenate([base, np.nextafter(base, 3.0), base])  # ulp neighbours and ties
+    a = np.concatenate([near, rng.random(3000) * 2.0])
+    rng.shuffle(a)
+    b = a.copy()
+    rng.shuffle(b)
+    b[::5] = a[::5]
+    assert _rho(a, b) == pytest.approx(spearmanr(a, b)[0], abs=1e-12)
+    assert _rho(b, a) == pytest.approx(spearmanr(b, a)[0], abs=1e-12)
+    neg0 = a.copy()
+    neg0[neg0 == 0.0] = -0.0  # a signed zero takes the general (fixed-point) path
+    assert _rho(neg0, b) == pytest.approx(spearmanr(a, b)[0], abs=1e-12)
