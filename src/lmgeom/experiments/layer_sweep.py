@@ -92,9 +92,12 @@ def layer_metrics(X: np.ndarray, basis: np.ndarray, config: LayerSweepConfig, la
     n = X.shape[0]
     pairs = config.resolved_pairs(n)
     try:
+        # every CCR level of the layer at once: one eigendecomposition, one batched projection
+        # per null frame (same frames and results as one subspace_pga call per level)
+        levels = M.subspace_pga_levels(X, basis, ccr=config.ccr, n_null=config.n_null,
+                                       pairs=pairs, seed=config.seed, device=config.device)
         for m in config.ccr:
-            r = M.subspace_pga(X, basis, n_null=config.n_null, ccr=m, pairs=pairs,
-                               seed=config.seed, device=config.device)
+            r = levels[m]
             s = f"ccr={m}"
             npairs = float(r.pairs)
             rows += [

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from lmgeom.metrics._common import blas_threads, data_error
-from lmgeom.metrics._engine import make_runner
+from lmgeom.metrics._null_runner import make_runner
 from lmgeom.metrics._pairs import build_layout, make_plan
 from lmgeom.metrics.geometry import iter_frames
 from lmgeom.metrics.pga import (

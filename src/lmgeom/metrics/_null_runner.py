@@ -1,4 +1,4 @@
-"""Compute engines for the pairwise-distance / Spearman machinery (numpy CPU, torch device).
+"""Null-loop runners for the pairwise-distance / Spearman machinery (numpy CPU, torch device).
 
 A *worker* owns the buffers needed to evaluate one frame: project the unique rows, normalise,
 fill the pair-distance vector, rank it against a reference. :class:`Runner` hands frames to
@@ -6,7 +6,7 @@ one or more workers (threads: numpy's sort, ufuncs and gathers release the GIL; 
 limited to one thread per worker) and returns results in submission order, so results do not
 depend on scheduling.
 
-Precision: everything is float64. The torch engine (``device="cuda"`` etc.) computes Gram
+Precision: everything is float64. The torch runner (``device="cuda"`` etc.) computes Gram
 matrices with the device BLAS, whose rounding differs from the CPU's at the 1e-16 level; this
 moves Spearman values by ~1e-13, i.e. PGA z agrees with the CPU result to ~1e-9.
 """
@@ -365,7 +365,7 @@ def _torch_single_thread() -> Iterator[None]:
 
 
 def _resolve_device(device: Any, label: str | None) -> Any:
-    """None / "cpu" -> numpy engine (returns None); anything else -> a torch.device."""
+    """None / "cpu" -> numpy runner (returns None); anything else -> a torch.device."""
     if device is None or (isinstance(device, str) and device == "cpu"):
         return None
     try:
