@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..experiments.finetune import ARMS, DEFAULT_LR, LORA_DEFAULTS
-from .options import add_model_args, print_table, progress_from_args
+from .options import add_model_args, progress_from_args
 
 NAME = "train"
 HELP = "fine-tune with the push-away / squeeze dispersion loss (full or LoRA); --compare runs all three arms"
@@ -136,30 +136,7 @@ def run(args) -> int:
               f"of {cfg.steps}); checkpoints are in {res.out_dir}/arms — rerun the same command "
               "to continue")
         return 0
-    summ = res.summary()
-    lab = res.manifest.get("layer", cfg.layer)
-    print(f"{cfg.model}, {cfg.method}, {cfg.steps} steps x batch {cfg.batch_size} x "
-          f"{cfg.seq_len} tokens, lambda {cfg.lam:g}, aux mode {cfg.aux_mode}, layer {lab}, "
-          f"lr {cfg.learning_rate:g}")
-    rows = []
-    for r in summ.to_dict("records"):
-        rec = {"arm": r["arm"], "eval": r["eval"]}
-        for k in ("perplexity", "dispersion", "cross_dispersion"):
-            if f"{k}_before" in r and r[f"{k}_before"] == r[f"{k}_before"]:
-                short = {"perplexity": "ppl", "dispersion": "disp", "cross_dispersion": "cross"}[k]
-                rec[f"{short} before"] = r[f"{k}_before"]
-                rec[f"{short} after"] = r[f"{k}_after"]
-                lo, hi = r.get(f"{k}_after_ci_low"), r.get(f"{k}_after_ci_high")
-                if lo is not None and lo == lo:
-                    rec[f"{short} after 95% CI"] = f"{lo:.4f}-{hi:.4f}"
-        for k, short in (("perplexity", "Δppl vs none"), ("dispersion", "Δdisp vs none")):
-            v = r.get(f"{k}_delta_vs_none")
-            if v is not None and v == v:
-                rec[f"{short} (95% CI)"] = (f"{v:+.4f} ({r[f'{k}_delta_ci_low']:+.4f}, "
-                                           f"{r[f'{k}_delta_ci_high']:+.4f})")
-        rows.append(rec)
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    print_table(rows, cols, floatfmt="{:.4f}")
+    print(res.summary_text())
     print(f"\nwrote {res.out_dir}/train.parquet, train.csv, manifest.json, arms/*/model and the "
           "report:")
     print(f"  {res.report.resolve() if res.report else '(none)'}")

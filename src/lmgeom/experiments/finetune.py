@@ -771,6 +771,38 @@ class FinetuneResult:
     out_dir: Path
     report: Path | None
     manifest: dict[str, Any]
+    config: Any = None
+
+    def summary_text(self) -> str:
+        """The before / after table the CLI prints (with paired deltas vs the none arm)."""
+        from ..results.console import format_table
+
+        cfg = self.config
+        summ = self.summary()
+        lab = self.manifest.get("layer", cfg.layer)
+        head = (f"{cfg.model}, {cfg.method}, {cfg.steps} steps x batch {cfg.batch_size} x "
+                f"{cfg.seq_len} tokens, lambda {cfg.lam:g}, aux mode {cfg.aux_mode}, layer {lab}, "
+                f"lr {cfg.learning_rate:g}")
+        rows = []
+        for r in summ.to_dict("records"):
+            rec = {"arm": r["arm"], "eval": r["eval"]}
+            for k in ("perplexity", "dispersion", "cross_dispersion"):
+                if f"{k}_before" in r and r[f"{k}_before"] == r[f"{k}_before"]:
+                    short = {"perplexity": "ppl", "dispersion": "disp", "cross_dispersion": "cross"}[k]
+                    rec[f"{short} before"] = r[f"{k}_before"]
+                    rec[f"{short} after"] = r[f"{k}_after"]
+                    lo, hi = r.get(f"{k}_after_ci_low"), r.get(f"{k}_after_ci_high")
+                    if lo is not None and lo == lo:
+                        rec[f"{short} after 95% CI"] = f"{lo:.4f}-{hi:.4f}"
+            for k, short in (("perplexity", "Δppl vs none"), ("dispersion", "Δdisp vs none")):
+                v = r.get(f"{k}_delta_vs_none")
+                if v is not None and v == v:
+                    rec[f"{short} (95% CI)"] = (f"{v:+.4f} ({r[f'{k}_delta_ci_low']:+.4f}, "
+                                               f"{r[f'{k}_delta_ci_high']:+.4f})")
+            rows.append(rec)
+        cols = list(dict.fromkeys(k for r in rows for k in r))
+        table_text = format_table(rows, cols, floatfmt="{:.4f}")
+        return head + "\n" + table_text
 
     def summary(self):
         """Before / after per arm and evaluation set: perplexity and dispersion (a DataFrame)."""
@@ -802,16 +834,22 @@ class FinetuneResult:
 
 
 def finetune(cfg: FinetuneConfig, out: str | os.PathLike[str], *, overwrite: bool = False) -> FinetuneResult:
-    """Run every arm of ``cfg`` into ``out`` (resuming what is there); see the module docstring."""
-    from ..results.folder import prepare_out_dir, run_signature
-    from ..results.manifest import base_manifest, now
+    """Run every arm of ``cfg`` into ``out`` (resuming what is there); see the module docstring.
+    The folder is a :class:`~lmgeom.results.folder.RunFolder`: locked against a second run while
+    this one writes, refused for a different run unless ``overwrite``."""
+    from ..results.folder import RunFolder
+
+    with RunFolder.create(out, "train", cfg.signed(), overwrite=overwrite) as folder:
+        return _finetune(cfg, folder)
+
+
+def _finetune(cfg: FinetuneConfig, folder) -> FinetuneResult:
+    from ..results.manifest import now
     from ..results.table import write_table
 
     t_start = time.perf_counter()
-    settings = cfg.signed()
-    signature = run_signature(settings)
-    out_dir = prepare_out_dir(out, signature, overwrite=overwrite)
-    manifest = base_manifest("train", settings, signature)
+    out_dir = folder.path
+    manifest = folder.manifest
     manifest["models"] = [cfg.model]
     manifest["texts"] = list(cfg.texts) + [t for t in cfg.eval_texts if t not in cfg.texts]
     timings: dict[str, float] = {}
@@ -889,7 +927,7 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike[str], *, overwrite: boo
                               title=f"lmgeom train — {cfg.model}, {cfg.method}, "
                                     f"{'+'.join(cfg.texts)}")
     write_json(out_dir / "manifest.json", manifest)
-    return FinetuneResult(df, results, finished, out_dir, report, manifest)
+    return FinetuneResult(df, results, finished, out_dir, report, manifest, cfg)
 
 
 def resolve_point(lm, layer: str) -> str:
