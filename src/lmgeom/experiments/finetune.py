@@ -73,6 +73,7 @@ from ..training.checkpoint import (
     save_checkpoint,
     trainable_parameters,
 )
+from ..training.loop import train_steps
 
 log = logging.getLogger(__name__)
 
@@ -585,7 +586,7 @@ def train_arm(
     import torch
     from tqdm.auto import tqdm
 
-    from ..training.losses import forward_with_aux, make_aux_loss, resolve_layer
+    from ..training.losses import make_aux_loss, resolve_layer
 
     done = arm_dir / "result.json"
     if done.is_file():
@@ -635,37 +636,22 @@ def train_arm(
         since_eval = [g for g in logs if g["step"] > last_eval]
         bar = tqdm(total=cfg.steps, initial=step0, desc=f"train {arm}", unit="step",
                    disable=not _show_progress(cfg.progress), leave=False)
-        ran = 0
         t_run = time.perf_counter()
-        for step in range(step0, cfg.steps):
-            t_step = time.perf_counter()
+        state = {"ran": 0, "stopped": False}
+
+        def batch_at(step: int) -> dict[str, Any]:
             ids, dom = sched.batch(step)
-            batch = {"input_ids": torch.from_numpy(ids).to(dev),
-                     "attention_mask": torch.ones(ids.shape, dtype=torch.long, device=dev),
-                     "domain": torch.from_numpy(dom).to(dev)}
-            lr = _lr_at(cfg, step)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            with ac():
-                out = forward_with_aux(model, batch, aux)
-            if not torch.isfinite(out.total):
-                raise ConfigError(f"{arm}: the loss became non-finite at step {step + 1}; lower "
-                                  "--lr or --lambda")
-            out.total.backward()
-            gnorm = (float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
-                     if cfg.grad_clip > 0 else float("nan"))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            s = step + 1
-            entry = {"step": s, "lm_loss": float(out.lm_loss.detach()),
-                     "dispersion": float(out.dispersion), "aux": float(out.aux.detach()),
-                     "total": float(out.total.detach()), "lr": lr, "grad_norm": gnorm,
-                     "seconds": time.perf_counter() - t_step}
+            return {"input_ids": torch.from_numpy(ids).to(dev),
+                    "attention_mask": torch.ones(ids.shape, dtype=torch.long, device=dev),
+                    "domain": torch.from_numpy(dom).to(dev)}
+
+        def on_step(s: int, entry: dict[str, float], lm=lm, model=model, opt=opt) -> bool:
+            nonlocal rows, last_eval, since_eval
             logs.append(entry)
             since_eval.append(entry)
             bar.update(1)
             bar.set_postfix(lm=f"{entry['lm_loss']:.3f}", d=f"{entry['dispersion']:.3f}")
-            ran += 1
+            state["ran"] += 1
             if s % 10 == 0:
                 recent = logs[-10:]
                 log.info("%s step %d/%d: lm_loss %.4f, d %.4f, %.1f s/step", arm, s, cfg.steps,
@@ -681,18 +667,25 @@ def train_arm(
                 since_eval = []
                 if on_eval:
                     on_eval(arm, s, ev)
-            stopping = budget is not None and ran >= budget and s < cfg.steps
+            stopping = budget is not None and state["ran"] >= budget and s < cfg.steps
             if s % save_every == 0 or stopping:
                 save_checkpoint(ck_dir, model, opt, {
                     "step": s, "rows": rows, "log": logs, "aux_calls": aux.calls, "arm": arm,
                     "last_eval": last_eval,
                     "seconds": elapsed + time.perf_counter() - t_run})
-            if stopping:
-                bar.close()
-                log.warning("%s: stopped after step %d of %d (checkpointed); rerun to continue",
-                            arm, s, cfg.steps)
-                return ArmResult(arm, rows, logs, False, None,
-                                 elapsed + time.perf_counter() - t_run, {"steps_run": ran})
+            state["stopped"] = stopping
+            return stopping
+
+        train_steps(model, opt, params, aux, start=step0, steps=cfg.steps, batch_at=batch_at,
+                    lr_at=lambda step: _lr_at(cfg, step), grad_clip=cfg.grad_clip, autocast=ac,
+                    on_step=on_step, what=arm)
+        ran = state["ran"]
+        if state["stopped"]:
+            bar.close()
+            log.warning("%s: stopped after step %d of %d (checkpointed); rerun to continue",
+                        arm, logs[-1]["step"], cfg.steps)
+            return ArmResult(arm, rows, logs, False, None,
+                             elapsed + time.perf_counter() - t_run, {"steps_run": ran})
         bar.close()
     seconds = elapsed + time.perf_counter() - t_run
     model_dir = _save_final(lm, model, cfg, arm_dir)

@@ -1,5 +1,5 @@
 """Training: the push-away / squeeze losses (``losses``), the one checkpoint / resume format
-(``checkpoint``), the small-model width suite (``suite``) and its tokenizer (``tokenizer``).
+(``checkpoint``), the fine-tuning loop (``loop``), the small-model width suite (``suite``) and its tokenizer (``tokenizer``).
 The fine-tuning comparison that uses them is an experiment: :mod:`lmgeom.experiments.finetune`.
 
 Imports are lazy: ``import lmgeom.training`` loads neither torch nor transformers::
@@ -33,6 +33,8 @@ _LAZY = {
     "save_checkpoint": "lmgeom.training.checkpoint",
     "load_checkpoint": "lmgeom.training.checkpoint",
     "resume": "lmgeom.training.checkpoint",
+    "train_steps": "lmgeom.training.loop",
+    "optimisation_step": "lmgeom.training.loop",
 }
 
 __all__ = list(_LAZY)
