@@ -69,3 +69,48 @@ def test_torch_worker_ranks_match_scipy():
     w = TorchWorker(a.size, torch.device("cpu"), None)
     ref = w.reference(torch.tensor(a), "x")
     assert w.spearman(ref, torch.tensor(b), "x") == pytest.approx(spearmanr(a, b)[0], abs=1e-12)
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    """Force one sort backend for a test (LMGEOM_SORT), restoring the measured choice after."""
+    from lmgeom.metrics._rank import sort_backend
+
+    def use(name):
+        monkeypatch.setenv("LMGEOM_SORT", name)
+        sort_backend.cache_clear()
+        assert sort_backend() == name
+
+    yield use
+    monkeypatch.delenv("LMGEOM_SORT", raising=False)
+    sort_backend.cache_clear()
+
+
+@pytest.mark.parametrize("kind", ["continuous", "ties", "negative", "ulp-close"])
+def test_sort_backends_give_identical_correlations(backend, kind):
+    """numpy's and torch's sort of the packed keys: the same order, so bit-identical results
+    on both key paths (float bits for non-negative values, fixed point otherwise)."""
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    a = rng.random(20_000)
+    b = a + rng.random(a.size)
+    if kind == "ties":
+        a, b = np.round(a, 2), np.round(b, 1)
+    elif kind == "negative":
+        a, b = a - 0.5, b - 1.0
+    elif kind == "ulp-close":
+        a[:500] = 0.75 + np.arange(500) * np.spacing(0.75)
+    got = {}
+    for name in ("numpy", "torch"):
+        backend(name)
+        got[name] = rho(a, b)
+    assert got["numpy"] == got["torch"]
+    assert got["numpy"] == pytest.approx(spearmanr(a, b)[0], abs=1e-12)
+
+
+def test_sort_backend_is_measured_when_not_forced(backend, monkeypatch):
+    from lmgeom.metrics._rank import sort_backend
+
+    monkeypatch.delenv("LMGEOM_SORT", raising=False)
+    sort_backend.cache_clear()
+    assert sort_backend() in ("numpy", "torch")
