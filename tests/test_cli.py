@@ -55,6 +55,20 @@ def test_no_traceback_in_a_real_process(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr and "unknown model" in r.stderr
 
 
+def test_closed_pipe_is_quiet():
+    """``lmgeom texts builtin:news ... | head -1``: the reader closes the pipe while the
+    command still writes (~300 kB, beyond the pipe buffer); no traceback, exit 141."""
+    p = subprocess.Popen([sys.executable, "-m", "lmgeom", "texts", "builtin:news", "--show",
+                          "100000", "--width", "1000"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()  # what head does after its line
+    err = p.stderr.read().decode()
+    p.wait(timeout=60)
+    assert p.returncode == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
+
+
 def test_converge_cli_on_two_tiny_architectures(tiny_dir, tmp_path, capsys):
     """``lmgeom converge`` (an experiment since the redesign) writes the run folder: matched
     layer rows with full / readout / null, the heatmap and the report."""

@@ -13,6 +13,7 @@ import argparse
 import errno
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -94,6 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LmgeomError as exc:
         print(f"lmgeom {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (``lmgeom texts | head``): stop quietly, as shell tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except OSError as exc:
         if exc.errno not in DISK_ERRNOS:
             raise

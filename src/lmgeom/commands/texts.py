@@ -43,45 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--width", type=int, default=100, help="preview line width (characters)")
 
 
-def _table(rows: list[list[str]], right: set[int]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for k, r in enumerate(rows):
-        cells = [
-            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))
-        ]
-        lines.append("  ".join(cells).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _print_builtin_table() -> None:
-    from ..texts import corpora_dir, list_builtin
-
-    rows = [["name", "texts", "words", "fetched", "licence", "description"]]
-    for r in list_builtin():
-        rows.append(
-            [
-                f"builtin:{r['name']}",
-                f"{r['n_texts']:,}" if r["n_texts"] is not None else "-",
-                f"{r['n_words']:,}" if r["n_words"] is not None else "-",
-                "yes" if r["fetched"] else "no",
-                r["licence"],
-                r["description"],
-            ]
-        )
-    print(_table(rows, right={1, 2}))
-    print(f"\ncache: {corpora_dir()}  (fetch all: lmgeom texts --fetch)")
-
-
-def _short(text: str, width: int) -> str:
-    one = " ".join(text.split())
-    return one if len(one) <= width else one[: max(width - 1, 1)] + "…"
-
-
 def run(args: argparse.Namespace) -> int:
-    from ..texts import fetch_builtin, load_texts
+    from ..texts import builtin_table, describe, fetch_builtin, load_texts
 
     if args.fetch is not None:
         t0 = time.perf_counter()
@@ -95,27 +58,9 @@ def run(args: argparse.Namespace) -> int:
         if args.spec is None:
             return 0
     if args.spec is None:
-        _print_builtin_table()
+        print(builtin_table())
         return 0
-    ts = load_texts(
-        args.spec,
-        limit=args.limit,
-        seed=args.seed,
-        split=args.split,
-        text_column=args.text_column,
-        label_column=args.label_column,
-    )
-    words = ts.n_words
-    print(f"{ts.source}")
-    print(
-        f"texts: {len(ts):,}   words: {words:,}   mean words/text: {words / len(ts):.1f}"
-        + (f"   dropped empty: {ts.n_dropped}" if ts.n_dropped else "")
-    )
-    print(f"hash: {ts.hash[:16]}")
-    counts = ts.label_counts()
-    if counts is not None:
-        print("labels: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    for i in range(min(args.show, len(ts))):
-        label = f" [{ts.labels[i]}]" if ts.labels is not None else ""
-        print(f"{ts.ids[i]}{label}: {_short(ts.texts[i], args.width)}")
+    ts = load_texts(args.spec, limit=args.limit, seed=args.seed, split=args.split,
+                    text_column=args.text_column, label_column=args.label_column)
+    print(describe(ts, show=args.show, width=args.width))
     return 0

@@ -39,6 +39,7 @@ from .builtin import (
     load_builtin,
 )
 from .files import SUPPORTED_EXTENSIONS, load_file
+from .summary import builtin_table, describe
 from .textset import TextSet, make_textset, sample_indices
 
 __all__ = [
@@ -49,7 +50,9 @@ __all__ = [
     "WHEELS",
     "TextSet",
     "as_textset",
+    "builtin_table",
     "corpora_dir",
+    "describe",
     "fetch_builtin",
     "is_fetched",
     "limit_textset",
