@@ -113,68 +113,27 @@ def config_from_args(args):
 def _train(args) -> int:
     import time
 
-    from ..training.suite import train_suite
+    from ..training.suite import plan_line, train_suite, widths_table
     from .options import progress_from_args
 
     config = config_from_args(args)
-    progress = progress_from_args(args)
-    print(f"suite {args.out}: widths {', '.join(map(str, config.widths))}, {config.steps} steps "
-          f"of {config.tokens_per_step} tokens ({config.steps * config.tokens_per_step:,} tokens "
-          f"per width), {config.n_layers} layers, seed {config.seed}")
+    print(plan_line(args.out, config))
     t = time.perf_counter()
-    manifest = train_suite(args.out, config, overwrite=args.overwrite, progress=progress,
+    manifest = train_suite(args.out, config, overwrite=args.overwrite,
+                           progress=progress_from_args(args),
                            resume_every_s=args.resume_every, threads=args.threads or None)
-    _print_widths(manifest)
+    print(widths_table(manifest))
     print(f"\nwrote {args.out}/manifest.json and {len(manifest['widths'])} width folder(s) in "
           f"{time.perf_counter() - t:.1f} s; analyse with: lmgeom sweep --suite {args.out}")
     return 0
 
 
-def _print_widths(manifest) -> None:
-    from .options import print_table
-
-    rows = []
-    for w, v in sorted(manifest["widths"].items(), key=lambda kv: int(kv[0])):
-        cks = sorted(v["checkpoints"].values(), key=lambda c: c["step"])
-        tm = v.get("timings", {})
-        rows.append({
-            "width": int(w), "status": v["status"], "layers": v["shape"]["n_layers"],
-            "heads": v["shape"]["n_heads"], "params": v.get("n_params") or "",
-            "ckpts": len(cks),
-            "val loss first": cks[0]["val_loss"] if cks else float("nan"),
-            "val loss last": cks[-1]["val_loss"] if cks else float("nan"),
-            "train s": float(tm.get("train_s", float("nan"))),
-            "tok/s": float(tm.get("tokens_per_s", float("nan"))),
-        })
-    print_table(rows, floatfmt="{:.4g}")
-    for group in manifest.get("identical_weights", []):
-        print("WARNING: identical weights: " + ", ".join(group))
-
-
 def _info(args) -> int:
     import json
 
-    from ..training.suite import read_suite
+    from ..training.suite import describe_suite, read_suite
 
     m = read_suite(args.dir)
-    if args.json:
-        print(json.dumps(m, indent=2, sort_keys=True))
-        return 0
-    s = m["settings"]
-    print(f"suite {args.dir} ({m['format']}): {m['tokens_per_width']:,} tokens per width, "
-          f"{m['steps_total']} steps of {s['batch_size']} x {s['seq_len']}, seed {m['seed']}, "
-          f"vocab {m['tokenizer']['vocab_size']}, data {m['data']['data_hash'][:12]}")
-    print(f"texts: {', '.join(s['texts'])} (excluded: {', '.join(s['exclude_texts']) or 'none'}); "
-          f"checkpoint steps: {', '.join(map(str, m['checkpoint_steps']))}")
-    _print_widths(m)
-    if args.steps:
-        from .options import print_table
-
-        rows = []
-        for w, v in sorted(m["widths"].items(), key=lambda kv: int(kv[0])):
-            for rev, c in sorted(v["checkpoints"].items(), key=lambda kv: kv[1]["step"]):
-                rows.append({"width": int(w), "checkpoint": rev, "tokens": c["tokens"],
-                             "val loss": c["val_loss"], "weights": (c["weights_sha256"] or "")[:12]})
-        print()
-        print_table(rows, floatfmt="{:.4f}")
+    print(json.dumps(m, indent=2, sort_keys=True) if args.json
+          else describe_suite(args.dir, m, steps=args.steps))
     return 0

@@ -876,13 +876,74 @@ __all__ = [
     "SuiteData",
     "build_model",
     "checkpoint_steps",
+    "describe_suite",
     "duplicate_weights",
     "model_shape",
+    "plan_line",
     "prepare_data",
     "read_suite",
     "suite_checkpoints",
     "train_suite",
     "width_label",
+    "widths_table",
     "write_manifest",
 ]
 
+
+
+# ---------------------------------------------------------------------- summaries (CLI text)
+def plan_line(root: str | os.PathLike[str], config: SuiteConfig) -> str:
+    """One line: what ``train_suite(root, config)`` is about to train."""
+    return (f"suite {root}: widths {', '.join(map(str, config.widths))}, {config.steps} steps "
+            f"of {config.tokens_per_step} tokens ({config.steps * config.tokens_per_step:,} "
+            f"tokens per width), {config.n_layers} layers, seed {config.seed}")
+
+
+def widths_table(manifest: dict[str, Any]) -> str:
+    """One row per width of a suite manifest: status, shape, checkpoints, first/last held-out
+    loss, training time; then a warning line per group of identical weights."""
+    from ..results.console import format_table
+
+    rows = []
+    for w, v in sorted(manifest["widths"].items(), key=lambda kv: int(kv[0])):
+        cks = sorted(v["checkpoints"].values(), key=lambda c: c["step"])
+        tm = v.get("timings", {})
+        rows.append({
+            "width": int(w), "status": v["status"], "layers": v["shape"]["n_layers"],
+            "heads": v["shape"]["n_heads"], "params": v.get("n_params") or "",
+            "ckpts": len(cks),
+            "val loss first": cks[0]["val_loss"] if cks else float("nan"),
+            "val loss last": cks[-1]["val_loss"] if cks else float("nan"),
+            "train s": float(tm.get("train_s", float("nan"))),
+            "tok/s": float(tm.get("tokens_per_s", float("nan"))),
+        })
+    lines = [format_table(rows, floatfmt="{:.4g}")]
+    for group in manifest.get("identical_weights", []):
+        lines.append("WARNING: identical weights: " + ", ".join(group))
+    return "\n".join(lines)
+
+
+def describe_suite(root: str | os.PathLike[str], manifest: dict[str, Any], *,
+                   steps: bool = False) -> str:
+    """What ``lmgeom suite info`` prints: settings, data, checkpoint steps, the widths table
+    and, with ``steps``, every checkpoint's held-out loss and weights hash."""
+    from ..results.console import format_table
+
+    m, s = manifest, manifest["settings"]
+    lines = [
+        f"suite {root} ({m['format']}): {m['tokens_per_width']:,} tokens per width, "
+        f"{m['steps_total']} steps of {s['batch_size']} x {s['seq_len']}, seed {m['seed']}, "
+        f"vocab {m['tokenizer']['vocab_size']}, data {m['data']['data_hash'][:12]}",
+        f"texts: {', '.join(s['texts'])} (excluded: {', '.join(s['exclude_texts']) or 'none'}); "
+        f"checkpoint steps: {', '.join(map(str, m['checkpoint_steps']))}",
+        widths_table(m),
+    ]
+    if steps:
+        rows = []
+        for w, v in sorted(m["widths"].items(), key=lambda kv: int(kv[0])):
+            for rev, c in sorted(v["checkpoints"].items(), key=lambda kv: kv[1]["step"]):
+                rows.append({"width": int(w), "checkpoint": rev, "tokens": c["tokens"],
+                             "val loss": c["val_loss"],
+                             "weights": (c["weights_sha256"] or "")[:12]})
+        lines += ["", format_table(rows, floatfmt="{:.4f}")]
+    return "\n".join(lines)
