@@ -8,7 +8,9 @@ in the same run; ``cpu_ratio`` the same with CPU seconds (all threads), which is
 figure when other jobs share the machine. Then: cost vs N at a fixed pair budget (the pair
 work is constant; the per-frame projection X @ Q is O(N d k)), and the exact mode's cost vs k
 and vs n_null at N = 1000, with log-log growth exponents. Null frames are projected in batches
-of 10 frames per GEMM and ranked with one sort of packed float64-bit keys per frame.
+of 10 frames per GEMM and ranked with one sort of packed 63-bit keys per frame (numpy's or
+torch's sort, whichever this machine runs faster). Last, the ranking floor: one sort of the P keys
+alone, numpy vs torch, which bounds any sort-based null loop from below.
 """
 
 from __future__ import annotations
@@ -168,6 +170,46 @@ def run(profile: str = "quick") -> list[dict]:
             sa = subspace_pga(X, V, n_null=nn, ccr=1, seed=0, pairs=PAIRS)
         rows.append(_row(f"sampled vs n_null={nn}", 2000, c, z=sa.z,
                          notes=f"seconds per null {c.wall / nn:.4f}"))
+    rows += sort_floor_rows()
+    return rows
+
+
+def sort_floor_rows() -> list[dict]:
+    """The ranking floor: one sort of P distinct 63-bit keys (what every null frame's Spearman
+    needs) by numpy and by torch (one thread, as inside the null loop), best of 5, at the pair
+    counts of analyze's default (N = 512) and of the N = 2000 exact rows; and the backend
+    lmgeom measured for this process (``lmgeom.metrics._rank.sort_backend``)."""
+    import torch
+
+    from lmgeom.metrics._rank import sort_backend
+
+    rows = []
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for n in (512, 2000):
+            P = n * (n - 1) // 2
+            keys = np.random.default_rng(0).integers(0, 1 << 62, P, dtype=np.int64)
+            tk = torch.from_numpy(keys)
+            times = {}
+            for name, fn in (("numpy ndarray.sort", lambda: np.sort(keys)),
+                             ("torch.sort (1 thread)", lambda: torch.sort(tk))):
+                best = float("inf")
+                for _ in range(5):
+                    t = time.perf_counter()
+                    fn()
+                    best = min(best, time.perf_counter() - t)
+                times[name] = best
+                rows.append({"bench": "pga", "name": f"rank floor: {name}", "N": n,
+                             "seconds": best, "z": float("nan"), "ratio_vs_naive": float("nan"),
+                             "notes": f"one sort of {P:,} keys; x {N_NULL} nulls on 2 cores = "
+                                      f"{best * N_NULL / 2:.2f} s wall at best"})
+    finally:
+        torch.set_num_threads(prev)
+    rows.append({"bench": "pga", "name": "rank floor: backend chosen here", "N": "",
+                 "seconds": float("nan"), "z": float("nan"), "ratio_vs_naive": float("nan"),
+                 "notes": f"sort_backend() = {sort_backend()!r} (measured once per process; "
+                          "LMGEOM_SORT=numpy|torch overrides)"})
     return rows
 
 

@@ -11,8 +11,11 @@ from .options import (
     add_model_args,
     add_run_args,
     default_out,
+    float_list,
+    float_or_auto,
+    float_or_auto_list,
     model_options_from_args,
-    progress_from_args,
+    run_and_report,
 )
 
 NAME = "knnlm"
@@ -33,26 +36,6 @@ DESCRIPTION = (
     "values.npy, trained IVF/PQ index files). Writes knnlm.parquet/.csv (tidy), manifest.json, "
     "plots and report.html."
 )
-
-
-def _floats(s: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in s.split(",") if x.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from exc
-
-
-def _temperature(s: str):
-    if s.strip().lower() == "auto":
-        return "auto"
-    try:
-        return float(s)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {s!r}") from exc
-
-
-def _temperatures(s: str) -> tuple:
-    return tuple(_temperature(x) for x in s.split(",") if x.strip())
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -87,12 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     k.add_argument("--k", type=int, default=kl.DEFAULT_K, help="neighbours per query")
     k.add_argument("--lambda", dest="lam", type=float, default=kl.DEFAULT_LAMBDA,
                    help="interpolation weight of p_kNN (the headline setting)")
-    k.add_argument("--lambdas", type=_floats, default=kl.DEFAULT_LAMBDAS,
+    k.add_argument("--lambdas", type=float_list, default=kl.DEFAULT_LAMBDAS,
                    help="lambda sweep computed from the same retrieval, comma-separated")
-    k.add_argument("--temperature", type=_temperature, default=kl.DEFAULT_TEMPERATURE,
+    k.add_argument("--temperature", type=float_or_auto, default=kl.DEFAULT_TEMPERATURE,
                    help="T in exp(-d/T): a number, or auto = the median nearest-neighbour "
                         "distance of each point's queries (scale-free)")
-    k.add_argument("--temperatures", type=_temperatures, default=(),
+    k.add_argument("--temperatures", type=float_or_auto_list, default=(),
                    help="more T values evaluated from the same retrieval, e.g. 1,10,auto")
     k.add_argument("--distance", default="sqeuclidean", choices=["sqeuclidean", "euclidean"],
                    help="d: FAISS's squared L2 as is (the kNN-LM reference) or its square root")
@@ -127,7 +110,6 @@ def config_from_args(args):
 
 
 def run(args) -> int:
-    from ..experiments.base import run_experiment
     from ..experiments.knnlm import KnnlmExperiment
     from ..lm.knnlm import require_faiss
 
@@ -137,10 +119,5 @@ def run(args) -> int:
         texts_seed=args.seed, model=model_options_from_args(args), knnlm=config_from_args(args),
         cache=not args.no_cache, datastore_dir=args.datastore_dir, threads=args.faiss_threads)
     args.out = args.out or default_out("knnlm", args.model)
-    run = run_experiment(experiment, args.out, overwrite=args.overwrite,
-                         progress=progress_from_args(args))
-    print(run.result.summary())
-    print(f"\nwrote {run.path}/knnlm.parquet, knnlm.csv, manifest.json, plots and the report:")
-    print(f"  {run.report.resolve()}")
-    print(f"total {run.folder.manifest['timings']['total_s']:.1f} s")
+    run_and_report(experiment, args)
     return 0

@@ -274,3 +274,43 @@ def run_and_report(experiment, args, *, report: bool = True):
     if total is not None:
         print(f"total {total:.1f} s")
     return run
+
+
+# --------------------------------------------------------------------------- list parsers
+
+
+def int_list(text: str | None, option: str) -> list[int] | None:
+    """``"64,128"`` → ``[64, 128]``; empty or ``None`` → ``None``; anything else a clear error
+    that names ``option``."""
+    from ..errors import ConfigError
+
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()] or None
+    except ValueError as exc:
+        raise ConfigError(f"{option} must be a comma-separated list of integers, "
+                          f"got {text!r}") from exc
+
+
+def float_list(text: str) -> tuple[float, ...]:
+    """argparse type: comma-separated numbers."""
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+
+
+def float_or_auto(text: str):
+    """argparse type: a number or ``auto``."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from exc
+
+
+def float_or_auto_list(text: str) -> tuple:
+    """argparse type: comma-separated numbers or ``auto``."""
+    return tuple(float_or_auto(x) for x in text.split(",") if x.strip())

@@ -66,42 +66,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_args(p, out=None)
 
 
-def _ints(s: str | None, what: str) -> list[int] | None:
-    from ..errors import ConfigError
-
-    if not s:
-        return None
-    try:
-        return [int(x) for x in s.split(",") if x.strip()]
-    except ValueError as exc:
-        raise ConfigError(f"--{what} must be a comma-separated list of integers, got {s!r}") from exc
-
-
 def run(args) -> int:
     from pathlib import Path
 
     from ..errors import ConfigError
-    from ..experiments.sweep import JobOptions, SweepConfig, jobs_from_models, jobs_from_suite
-    from .options import engine_from_args, run_and_report, text_options_from_args
+    from ..experiments.sweep import JobOptions, SweepConfig, select_jobs
     from .analyze import layer_config_from_args
+    from .options import engine_from_args, int_list, run_and_report, text_options_from_args
 
-    if bool(args.suite) == bool(args.model):
-        raise ConfigError("give either --suite DIR or one or more --model (not both)")
-    if args.suite:
-        if args.revision:
-            raise ConfigError("--revision is for hub models; a suite's checkpoints are its steps "
-                              "(select them with --steps)")
-        from ..training.suite import read_suite
-
-        read_suite(args.suite)  # a clear error for a folder that is not a suite
-        jobs = jobs_from_suite(args.suite, widths=_ints(args.widths, "widths"),
-                               steps=_ints(args.steps, "steps"))
-        name = Path(args.suite).resolve().name
-    else:
-        if args.widths or args.steps:
-            raise ConfigError("--widths / --steps select checkpoints of a --suite")
-        jobs = jobs_from_models(args.model, args.revision)
-        name = "_".join(m.replace("/", "_") for m in args.model)[:80]
+    jobs, name = select_jobs(suite=args.suite, widths=int_list(args.widths, "--widths"),
+                             steps=int_list(args.steps, "--steps"), models=args.model,
+                             revisions=args.revision)
     if args.k != "auto" and not (str(args.k).isdigit() and int(args.k) >= 1):
         raise ConfigError(f"--k must be a positive integer or 'auto', got {args.k!r}")
     config = SweepConfig(

@@ -250,6 +250,29 @@ def jobs_from_models(models: Sequence[str], revisions: Sequence[str] | None = No
     return out
 
 
+def select_jobs(*, suite: str | Path | None = None, widths: Sequence[int] | None = None,
+                steps: Sequence[int] | None = None, models: Sequence[str] | None = None,
+                revisions: Sequence[str] | None = None) -> tuple[list[JobSpec], str]:
+    """The jobs of a sweep and its name: every checkpoint of a ``suite`` folder (optionally only
+    some ``widths`` / ``steps``), or ``models`` × ``revisions``. Exactly one of ``suite`` and
+    ``models``; a clear :class:`ConfigError` for every mix that cannot mean anything."""
+    if bool(suite) == bool(models):
+        raise ConfigError("give either --suite DIR or one or more --model (not both)")
+    if suite:
+        if revisions:
+            raise ConfigError("--revision is for hub models; a suite's checkpoints are its steps "
+                              "(select them with --steps)")
+        from ..training.suite import read_suite
+
+        read_suite(suite)  # a clear error for a folder that is not a suite
+        return (jobs_from_suite(suite, widths=widths, steps=steps),
+                Path(suite).resolve().name)
+    if widths or steps:
+        raise ConfigError("--widths / --steps select checkpoints of a --suite")
+    return (jobs_from_models(models, revisions),
+            "_".join(m.replace("/", "_") for m in models)[:80])
+
+
 # --------------------------------------------------------------------------- running
 
 
