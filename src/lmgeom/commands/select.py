@@ -100,7 +100,7 @@ def run(args) -> int:
         model_candidates,
         suite_candidates,
     )
-    from .options import run_and_report
+    from .options import int_list, run_and_report
 
     if args.suite and args.model:
         raise ConfigError("give either --model (repeatable) or --suite DIR, not both")
@@ -108,7 +108,7 @@ def run(args) -> int:
         cands = filter_candidates(
             suite_candidates(args.suite),
             widths=[w for w in (args.widths or "").split(",") if w.strip()] or None,
-            steps=[int(x) for x in (args.steps or "").split(",") if x.strip()] or None)
+            steps=int_list(args.steps, "--steps"))
     elif args.model:
         cands = model_candidates(args.model)
     else:

@@ -92,15 +92,12 @@ _FIELDS = ("n_layers", "tokens", "seq_len", "batch_size", "lr", "warmup_frac", "
 
 def config_from_args(args):
     """The :class:`~lmgeom.training.suite.SuiteConfig` of ``suite train`` options."""
-    from ..errors import ConfigError
     from ..training.suite import SuiteConfig
+    from .options import int_list
 
     over = {f: getattr(args, f) for f in _FIELDS if hasattr(args, f)}
     if hasattr(args, "widths"):
-        try:
-            over["widths"] = tuple(int(x) for x in args.widths.split(",") if x.strip())
-        except ValueError as exc:
-            raise ConfigError(f"--widths must be a comma list of integers, got {args.widths!r}") from exc
+        over["widths"] = tuple(int_list(args.widths, "--widths") or ())
     if hasattr(args, "texts"):
         over["texts"] = tuple(args.texts)
     if hasattr(args, "exclude_texts"):
