@@ -165,3 +165,38 @@ def test_bit_keys_order_ulp_neighbours_and_zero_exactly():
     neg0 = a.copy()
     neg0[neg0 == 0.0] = -0.0  # a signed zero takes the general (fixed-point) path
     assert _rho(neg0, b) == pytest.approx(spearmanr(a, b)[0], abs=1e-12)
+
+
+@pytest.mark.parametrize("dups", [False, True])
+def test_int32_key_path_equals_the_packed_key_path_on_blocked_gram(dups, monkeypatch):
+    """n > 256: the Gram matrix is computed in row blocks (lower trapezoids); with duplicate
+    rows, of the unique rows. The int32-key path (default where torch sorts) and the 63-bit
+    packed-key path give the same nulls, and both equal the explicit scipy loop."""
+    from lmgeom.metrics import pga
+
+    rng = np.random.default_rng(23)
+    n, d, k = 300, 20, 4
+    X = anisotropic(rng, n, d)
+    X[:, 0] += 25.0 * rng.standard_normal(n)
+    if dups:
+        X[250:270] = X[10:30]
+        X[299] = X[0]
+    V = M.readout_basis(rng.standard_normal((200, d)), k)
+    from lmgeom.metrics import _null_runner as nr
+
+    calls = []
+    real = nr.NumpyWorker.frame_rhos
+    monkeypatch.setattr(nr.NumpyWorker, "frame_rhos",
+                        lambda self, *a, **kw: calls.append(1) or real(self, *a, **kw))
+    keyed = M.subspace_pga_levels(X, V, ccr=(0, 1, 3), n_null=6, seed=4)
+    assert len(calls) == 6  # every null frame went through the int32-key path
+    monkeypatch.setattr(pga, "_KEYED_GRAM_BYTES", 0)
+    packed = M.subspace_pga_levels(X, V, ccr=(0, 1, 3), n_null=6, seed=4)
+    assert len(calls) == 6
+    for m in (0, 1, 3):
+        np.testing.assert_allclose(keyed[m].null, packed[m].null, rtol=0, atol=1e-13)
+        assert keyed[m].z == pytest.approx(packed[m].z, abs=1e-9)
+    z, rho, null = reference_pga(X, V, n_null=6, ccr=1, seed=4)
+    assert keyed[1].rho_readout == pytest.approx(rho, abs=1e-12)
+    np.testing.assert_allclose(keyed[1].null, null, rtol=0, atol=1e-12)
+    assert keyed[1].z == pytest.approx(z, abs=1e-9)

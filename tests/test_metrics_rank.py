@@ -74,16 +74,18 @@ def test_torch_worker_ranks_match_scipy():
 @pytest.fixture
 def backend(monkeypatch):
     """Force one sort backend for a test (LMGEOM_SORT), restoring the measured choice after."""
-    from lmgeom.metrics._rank import sort_backend
+    from lmgeom.metrics._rank import keyed_available, sort_backend
 
     def use(name):
         monkeypatch.setenv("LMGEOM_SORT", name)
         sort_backend.cache_clear()
+        keyed_available.cache_clear()
         assert sort_backend() == name
 
     yield use
     monkeypatch.delenv("LMGEOM_SORT", raising=False)
     sort_backend.cache_clear()
+    keyed_available.cache_clear()
 
 
 @pytest.mark.parametrize("kind", ["continuous", "ties", "negative", "ulp-close"])
@@ -114,3 +116,82 @@ def test_sort_backend_is_measured_when_not_forced(backend, monkeypatch):
     monkeypatch.delenv("LMGEOM_SORT", raising=False)
     sort_backend.cache_clear()
     assert sort_backend() in ("numpy", "torch")
+
+
+def test_lmgeom_sort_numpy_keeps_the_null_loop_in_numpy(backend):
+    """LMGEOM_SORT=numpy: no int32-key (torch) path; same nulls as the default."""
+    import lmgeom.metrics as M
+    from lmgeom.metrics._rank import keyed_available
+
+    rng = np.random.default_rng(8)
+    X = rng.standard_normal((80, 12)) * np.geomspace(3, 0.2, 12)
+    V = M.readout_basis(rng.standard_normal((50, 12)), 3)
+    default = M.subspace_pga_levels(X, V, ccr=(0, 2), n_null=5, seed=1)
+    backend("numpy")
+    assert not keyed_available()
+    forced = M.subspace_pga_levels(X, V, ccr=(0, 2), n_null=5, seed=1)
+    for m in (0, 2):
+        np.testing.assert_allclose(forced[m].null, default[m].null, rtol=0, atol=1e-13)
+
+
+# --- int32 keys (KeySorter / keyed_spearman): the null loop's exact-mode path ----------------
+
+
+def keyed_rho(a, g):
+    """Spearman of a against d = 1 - g through the int32-key path (keys laid out in a's
+    reference order, as the null loop gathers them)."""
+    from lmgeom.metrics._rank import KeySorter, distance_keys, keyed_spearman
+
+    ref = RankReference(a, Sorter(a.size))
+    order = ref.order.astype(np.int64)
+    ks = KeySorter(a.size)
+    gk = np.ascontiguousarray(g[order])
+    distance_keys(gk, ks.keys, np.empty_like(gk))
+    return keyed_spearman(ref, ks, lambda x: 1.0 - gk[x])
+
+
+@pytest.mark.parametrize("n", [2, 3, 1000, 200_000])
+def test_keyed_matches_scipy_on_continuous_data(n):
+    rng = np.random.default_rng(n)
+    a = rng.random(n)
+    g = 1.0 - (a + rng.random(n))
+    assert keyed_rho(a, g) == pytest.approx(spearmanr(a, 1.0 - g)[0], abs=1e-12)
+
+
+def test_keyed_matches_scipy_with_ties_collisions_and_reference_only_ties():
+    rng = np.random.default_rng(5)
+    n = 20_000
+    a = rng.random(n)
+    a[:300] = a[300:600]  # ties in both (the duplicate-row pattern) ...
+    a[5000:5040] = 0.5  # ... and ties in the reference only
+    d = a + 0.05 * rng.random(n)
+    d[:300] = d[300:600]
+    d[7000:7400] = 0.75 + np.arange(400) * np.spacing(0.75)  # closer than 2**-29: collisions
+    d[9000:9100] = 0.0  # a tie group at zero distance
+    g = 1.0 - d
+    dd = 1.0 - g
+    got = keyed_rho(a, g)
+    assert got == pytest.approx(spearmanr(a, dd)[0], abs=1e-12)
+    assert got == pytest.approx(rho(a, dd), abs=1e-13)  # the 63-bit key path
+
+
+def test_keyed_detects_a_constant_frame():
+    from lmgeom.metrics._rank import ConstantVectorError as CVE
+
+    with pytest.raises(CVE):
+        keyed_rho(np.arange(10.0), np.full(10, 0.25))
+
+
+def test_distance_keys_are_a_monotone_function_of_the_distance():
+    from lmgeom.metrics._rank import KEY_SCALE, distance_keys
+
+    rng = np.random.default_rng(3)
+    g = np.concatenate([rng.uniform(-1, 1, 5000), [1.0, -1.0, 1.0 + 2e-16, 0.0]])
+    g = np.concatenate([g, np.nextafter(g, 2.0)])
+    keys = np.empty(g.size, dtype=np.int32)
+    distance_keys(g, keys, np.empty_like(g))
+    d = 1.0 - g
+    np.testing.assert_array_equal(keys, np.trunc(d * KEY_SCALE).astype(np.int32))
+    o = np.argsort(d, kind="stable")
+    assert np.all(np.diff(keys[o]) >= 0)  # never smaller for a larger distance
+    assert keys.max() <= 2 * KEY_SCALE < 2 ** 31

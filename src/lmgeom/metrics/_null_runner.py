@@ -28,8 +28,23 @@ from typing import Any
 import numpy as np
 
 from lmgeom.metrics._common import config_error, data_error
-from lmgeom.metrics._pairs import ZERO_RTOL, Layout, pair_distances, unit_rows, zero_rows_error
-from lmgeom.metrics._rank import ConstantVectorError, RankReference, Sorter, spearman_to_reference
+from lmgeom.metrics._pairs import (
+    ZERO_RTOL,
+    Layout,
+    gram_regions,
+    pair_distances,
+    unit_rows,
+    zero_rows_error,
+)
+from lmgeom.metrics._rank import (
+    ConstantVectorError,
+    KeySorter,
+    RankReference,
+    Sorter,
+    distance_keys,
+    keyed_spearman,
+    spearman_to_reference,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +63,9 @@ class NumpyWorker:
         self._d: dict[int, np.ndarray] = {}
         self._lv: dict[int, list[np.ndarray]] = {}
         self._g: np.ndarray = np.empty(0)
+        self._gt = self._gfull = np.empty((0, 0))
+        self._kfull = np.empty((0, 0), dtype=np.int32)
+        self._keys: KeySorter | None = None
 
     def asarray(self, A: np.ndarray) -> np.ndarray:
         return A
@@ -84,14 +102,9 @@ class NumpyWorker:
                 Y = Y.astype(fdt)
         return unit_rows(Y, scale=scale, what=what, label=self.label)
 
-    def frame_levels(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
-                     ms: list[int], mt: int, layout: Layout, scales: list[float],
-                     what: str) -> list[np.ndarray]:
-        """Pair distances of frame b at every level in ``ms`` (exact layouts without
-        duplicates), from one Gram matrix of the top level's projection Y_t: with
-        Y_m = Y_t + A B (A the n x r PC coefficients, B the r x k projected directions),
-        ``Y_m Y_m^T = Y_t Y_t^T + L R^T``, L = [U + A M/2, A], R = [A, U + A M/2], U = Y_t B^T,
-        M = B B^T: a rank-2r update in float64, scaled by the exact row norms of Y_m."""
+    def _updates(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
+                 ms: list[int], mt: int, scales: list[float], what: str) -> tuple:
+        """Frame b's top-level rows Y_t, and per level (1 / row norms of Y_m, (L, R) or None)."""
         Yt = np.ascontiguousarray(Yc[:, b * k:(b + 1) * k])
         Yt64 = Yt if Yt.dtype == np.float64 else Yt.astype(np.float64)
         upd = []
@@ -110,6 +123,66 @@ class NumpyWorker:
             if bad.size:
                 raise zero_rows_error(bad, Ym.shape[0], what, self.label)
             upd.append((1.0 / norms, LR))
+        return Yt, upd
+
+    def frame_rhos(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
+                   ms: list[int], mt: int, layout: Layout, scales: list[float],
+                   refs: list[RankReference], fos: list[np.ndarray], what: str) -> list[float]:
+        """Spearman of frame b against each level's reference (exact layouts that read one
+        square Gram matrix, :func:`~lmgeom.metrics._pairs.gram_index`): the same Gram
+        matrices as :meth:`frame_levels`, but no distance vector: int32 keys of the distances
+        are formed on the Gram matrix and gathered straight into the reference's order
+        (``fos[j]`` = the Gram index of each reference position), then one radix sort per
+        level; runs of equal keys are finished with the exact float64 distances."""
+        Yt, upd = self._updates(be, Yc, PQ, b, k, ms, mt, scales, what)
+        n_g = layout.n_unique if layout.pair_map is not None else layout.n
+        if self._gfull.shape[0] != n_g:
+            self._gt = np.empty((n_g, n_g))
+            self._gfull = np.empty((n_g, n_g))
+            self._kfull = np.empty((n_g, n_g), dtype=np.int32)
+        if self._keys is None or self._keys.P != layout.n_pairs:
+            self._keys = KeySorter(layout.n_pairs)
+        Gt, G, K, ks = self._gt, self._gfull, self._kfull, self._keys
+        regions = gram_regions(layout)
+        for r0, r1 in regions:
+            if Yt.dtype == np.float64:
+                np.matmul(Yt[r0:r1], Yt[:r1].T, out=Gt[r0:r1, :r1])
+            else:
+                Gt[r0:r1, :r1] = Yt[r0:r1] @ Yt[:r1].T
+        if self._g.size < layout.max_block:
+            self._g = np.empty(layout.max_block)
+        rhos = []
+        Gflat, Kflat = G.ravel(), K.ravel()
+        for (inv, LR), ref, fo in zip(upd, refs, fos):
+            for r0, r1 in regions:
+                Gb = G[r0:r1, :r1]
+                if LR is None:
+                    np.multiply(Gt[r0:r1, :r1], inv[r0:r1, None], out=Gb)
+                else:
+                    np.matmul(LR[0][r0:r1], LR[1][:r1].T, out=Gb)
+                    Gb += Gt[r0:r1, :r1]
+                    Gb *= inv[r0:r1, None]
+                Gb *= inv[None, :r1]
+                if layout.pair_map is not None:  # identical rows: cos exactly 1
+                    Gflat[r0 * (n_g + 1):r1 * (n_g + 1):n_g + 1] = 1.0
+                tmp = self._g[: (r1 - r0) * r1].reshape(r1 - r0, r1)
+                distance_keys(Gb, K[r0:r1, :r1], tmp)
+            np.take(Kflat, fo, out=ks.keys)
+            try:
+                rhos.append(keyed_spearman(ref, ks, lambda x, fo=fo: 1.0 - Gflat[fo[x]]))
+            except ConstantVectorError:
+                raise _constant(what, self.label) from None
+        return rhos
+
+    def frame_levels(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
+                     ms: list[int], mt: int, layout: Layout, scales: list[float],
+                     what: str) -> list[np.ndarray]:
+        """Pair distances of frame b at every level in ``ms`` (exact layouts without
+        duplicates), from one Gram matrix of the top level's projection Y_t: with
+        Y_m = Y_t + A B (A the n x r PC coefficients, B the r x k projected directions),
+        ``Y_m Y_m^T = Y_t Y_t^T + L R^T``, L = [U + A M/2, A], R = [A, U + A M/2], U = Y_t B^T,
+        M = B B^T: a rank-2r update in float64, scaled by the exact row norms of Y_m."""
+        Yt, upd = self._updates(be, Yc, PQ, b, k, ms, mt, scales, what)
         outs = self._lv.get(len(ms))
         if outs is None or outs[0].size != layout.n_pairs:
             outs = self._lv[len(ms)] = [np.empty(layout.n_pairs) for _ in ms]

@@ -26,6 +26,8 @@ __all__ = [
     "Layout",
     "PairPlan",
     "build_layout",
+    "gram_index",
+    "gram_regions",
     "make_plan",
     "pair_distances",
     "sample_pairs",
@@ -130,6 +132,30 @@ class Layout:
     max_block: int = 0
     pair_map: np.ndarray | None = None  # exact with duplicates: pair -> flat unique-Gram index
     _torch_cache: dict = field(default_factory=dict)
+
+
+def gram_index(layout: Layout) -> np.ndarray | None:
+    """Exact layouts that read one square Gram matrix: each pair's flat index into it.
+
+    ``"tri"``: the (n, n) Gram of the rows, pair p = (i, j) -> ``i n + j``; ``"tri_dup"`` with
+    a ``pair_map``: the (n_unique, n_unique) Gram of the unique rows (the pair map itself).
+    None for the other layouts.
+    """
+    if layout.kind == "tri":
+        n = layout.n
+        i, j = np.tril_indices(n, -1)
+        return i * np.int64(n) + j
+    if layout.kind == "tri_dup" and layout.pair_map is not None:
+        return layout.pair_map
+    return None
+
+
+def gram_regions(layout: Layout) -> list[tuple[int, int]]:
+    """Row blocks ``(r0, r1)`` whose lower trapezoids ``[r0:r1, :r1]`` cover every entry that
+    :func:`gram_index` reads (including the diagonal of the unique-row Gram matrix)."""
+    n_g = layout.n_unique if layout.pair_map is not None else layout.n
+    B = _block_rows(n_g)
+    return [(r0, min(n_g, r0 + B)) for r0 in range(0, n_g, B)]
 
 
 def unique_rows(Xp: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

@@ -34,11 +34,13 @@ from lmgeom.metrics._null_runner import make_runner
 from lmgeom.metrics._pairs import (
     ZERO_RTOL,
     build_layout,
+    gram_index,
     make_plan,
     unique_rows,
     unit_rows,
     zero_rows_error,
 )
+from lmgeom.metrics._rank import keyed_available
 from lmgeom.metrics.geometry import CCRLevels, cached_frames, ccr_levels, top_directions
 
 __all__ = [
@@ -371,6 +373,9 @@ _BATCH_FRAMES = 10
 _BATCH_ELEMS = 1 << 21
 #: Largest per-worker set of per-level distance vectors for the shared-Gram path.
 _LEVEL_BUFFER_BYTES = 512 << 20
+#: Largest per-worker Gram buffers (2 float64 + 1 int32 square matrices) for the int32-key
+#: path; larger exact layouts use the 63-bit key path.
+_KEYED_GRAM_BYTES = 384 << 20
 
 
 @dataclass
@@ -453,8 +458,23 @@ def _null_loop(runner: Any, states: list[_Level], lv: CCRLevels, layout: Any, fd
                         or (layout.kind == "tri_dup" and layout.pair_map is not None))
                    and 8 * layout.n_pairs * len(states) <= _LEVEL_BUFFER_BYTES)
 
+    # the int32-key path (NumpyWorker.frame_rhos): exact layouts reading one square Gram
+    # matrix, torch's radix sort, and two float64 Gram matrices + an int32 key matrix per
+    # worker within _KEYED_GRAM_BYTES
+    gidx = gram_index(layout) if hasattr(w0, "frame_rhos") else None
+    n_g = layout.n_unique if layout.pair_map is not None else layout.n
+    keyed = (gidx is not None and keyed_available()
+             and 20 * n_g * n_g <= _KEYED_GRAM_BYTES)
+    if keyed:
+        refs = [st.ref for st in states]
+        fos = [gidx[st.ref.order] for st in states]
+
     def job(worker: Any, chunk: list[np.ndarray]) -> list[list[float]]:
         Yc, PQ = worker.project_batch(be, chunk)
+        if keyed:
+            return [worker.frame_rhos(be, Yc, PQ, b, k, ms, mt, layout, scales, refs, fos,
+                                      "in a null frame")
+                    for b in range(len(chunk))]
         if hasattr(worker, "spearman_many"):  # torch: one batched sort per level
             cols = []
             for st in states:
