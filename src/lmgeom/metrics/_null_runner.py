@@ -38,10 +38,10 @@ from lmgeom.metrics._pairs import (
 )
 from lmgeom.metrics._rank import (
     ConstantVectorError,
+    KEY_SCALE,
     KeySorter,
     RankReference,
     Sorter,
-    distance_keys,
     keyed_spearman,
     spearman_to_reference,
 )
@@ -63,7 +63,7 @@ class NumpyWorker:
         self._d: dict[int, np.ndarray] = {}
         self._lv: dict[int, list[np.ndarray]] = {}
         self._g: np.ndarray = np.empty(0)
-        self._gt = self._gfull = np.empty((0, 0))
+        self._gfull = np.empty((0, 0))
         self._kfull = np.empty((0, 0), dtype=np.int32)
         self._keys: KeySorter | None = None
 
@@ -125,51 +125,65 @@ class NumpyWorker:
             upd.append((1.0 / norms, LR))
         return Yt, upd
 
+    def _unit_levels(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
+                     ms: list[int], mt: int, scales: list[float], what: str) -> list[np.ndarray]:
+        """Frame b's unit rows at every level in ``ms``: Y_m = Y_t + A B_m (A the n x r PC
+        coefficients, B_m the projected directions of levels m..mt), scaled by 1 / row norm;
+        float64 (float32 when the batch is)."""
+        Yt = Yc[:, b * k:(b + 1) * k]
+        out = []
+        for m, scale in zip(ms, scales):
+            if m == mt:
+                Ym = np.array(Yt, order="C")
+            else:
+                Ym = be[1][:, m:mt] @ PQ[m:mt, b * k:(b + 1) * k]
+                if Ym.dtype != Yt.dtype:
+                    Ym = Ym.astype(Yt.dtype)
+                Ym += Yt
+            norms = np.sqrt(np.einsum("ij,ij->i", Ym, Ym, dtype=np.float64))
+            bad = np.flatnonzero(~(norms > ZERO_RTOL * scale))
+            if bad.size:
+                raise zero_rows_error(bad, Ym.shape[0], what, self.label)
+            Ym *= (1.0 / norms).astype(Ym.dtype, copy=False)[:, None]
+            out.append(Ym)
+        return out
+
     def frame_rhos(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
                    ms: list[int], mt: int, layout: Layout, scales: list[float],
                    refs: list[RankReference], fos: list[np.ndarray], what: str) -> list[float]:
         """Spearman of frame b against each level's reference (exact layouts that read one
-        square Gram matrix, :func:`~lmgeom.metrics._pairs.gram_index`): the same Gram
-        matrices as :meth:`frame_levels`, but no distance vector: int32 keys of the distances
-        are formed on the Gram matrix and gathered straight into the reference's order
-        (``fos[j]`` = the Gram index of each reference position), then one radix sort per
-        level; runs of equal keys are finished with the exact float64 distances."""
-        Yt, upd = self._updates(be, Yc, PQ, b, k, ms, mt, scales, what)
+        square Gram matrix, :func:`~lmgeom.metrics._pairs.gram_index`), with no distance
+        vector: per level one GEMM of the unit rows, pre-scaled by ``-2**29`` (exact: a power
+        of two), fills the lower trapezoids of ``G' = -2**29 cos``; one pass turns each block
+        into int32 keys ``trunc(2**29 + G') = trunc(2**29 (1 - cos))`` while it is in cache;
+        the keys are gathered straight into the reference's order (``fos[j]`` = the Gram
+        index of each reference position) and radix-sorted; runs of equal keys are finished
+        with the exact distances ``1 + G'/2**29 = fl(1 - cos)``."""
+        Ys = self._unit_levels(be, Yc, PQ, b, k, ms, mt, scales, what)
         n_g = layout.n_unique if layout.pair_map is not None else layout.n
-        if self._gfull.shape[0] != n_g:
-            self._gt = np.empty((n_g, n_g))
-            self._gfull = np.empty((n_g, n_g))
+        gdt = Ys[0].dtype
+        if self._gfull.shape[0] != n_g or self._gfull.dtype != gdt:
+            self._gfull = np.empty((n_g, n_g), dtype=gdt)
             self._kfull = np.empty((n_g, n_g), dtype=np.int32)
         if self._keys is None or self._keys.P != layout.n_pairs:
             self._keys = KeySorter(layout.n_pairs)
-        Gt, G, K, ks = self._gt, self._gfull, self._kfull, self._keys
+        G, K, ks = self._gfull, self._kfull, self._keys
         regions = gram_regions(layout)
-        for r0, r1 in regions:
-            if Yt.dtype == np.float64:
-                np.matmul(Yt[r0:r1], Yt[:r1].T, out=Gt[r0:r1, :r1])
-            else:
-                Gt[r0:r1, :r1] = Yt[r0:r1] @ Yt[:r1].T
-        if self._g.size < layout.max_block:
-            self._g = np.empty(layout.max_block)
-        rhos = []
         Gflat, Kflat = G.ravel(), K.ravel()
-        for (inv, LR), ref, fo in zip(upd, refs, fos):
+        neg = gdt.type(-KEY_SCALE)
+        rhos = []
+        for Y, ref, fo in zip(Ys, refs, fos):
+            Yn = Y * neg
             for r0, r1 in regions:
                 Gb = G[r0:r1, :r1]
-                if LR is None:
-                    np.multiply(Gt[r0:r1, :r1], inv[r0:r1, None], out=Gb)
-                else:
-                    np.matmul(LR[0][r0:r1], LR[1][:r1].T, out=Gb)
-                    Gb += Gt[r0:r1, :r1]
-                    Gb *= inv[r0:r1, None]
-                Gb *= inv[None, :r1]
+                np.matmul(Yn[r0:r1], Y[:r1].T, out=Gb)
                 if layout.pair_map is not None:  # identical rows: cos exactly 1
-                    Gflat[r0 * (n_g + 1):r1 * (n_g + 1):n_g + 1] = 1.0
-                tmp = self._g[: (r1 - r0) * r1].reshape(r1 - r0, r1)
-                distance_keys(Gb, K[r0:r1, :r1], tmp)
+                    Gflat[r0 * (n_g + 1):r1 * (n_g + 1):n_g + 1] = neg
+                np.add(Gb, KEY_SCALE, out=K[r0:r1, :r1], casting="unsafe", dtype=np.float64)
             np.take(Kflat, fo, out=ks.keys)
             try:
-                rhos.append(keyed_spearman(ref, ks, lambda x, fo=fo: 1.0 - Gflat[fo[x]]))
+                rhos.append(keyed_spearman(
+                    ref, ks, lambda x, fo=fo: 1.0 + Gflat[fo[x]].astype(np.float64) / KEY_SCALE))
             except ConstantVectorError:
                 raise _constant(what, self.label) from None
         return rhos

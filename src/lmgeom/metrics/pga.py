@@ -373,7 +373,7 @@ _BATCH_FRAMES = 10
 _BATCH_ELEMS = 1 << 21
 #: Largest per-worker set of per-level distance vectors for the shared-Gram path.
 _LEVEL_BUFFER_BYTES = 512 << 20
-#: Largest per-worker Gram buffers (2 float64 + 1 int32 square matrices) for the int32-key
+#: Largest per-worker Gram buffers (1 float64 + 1 int32 square matrix) for the int32-key
 #: path; larger exact layouts use the 63-bit key path.
 _KEYED_GRAM_BYTES = 384 << 20
 
@@ -459,12 +459,12 @@ def _null_loop(runner: Any, states: list[_Level], lv: CCRLevels, layout: Any, fd
                    and 8 * layout.n_pairs * len(states) <= _LEVEL_BUFFER_BYTES)
 
     # the int32-key path (NumpyWorker.frame_rhos): exact layouts reading one square Gram
-    # matrix, torch's radix sort, and two float64 Gram matrices + an int32 key matrix per
+    # matrix, torch's radix sort, and one float64 Gram matrix + an int32 key matrix per
     # worker within _KEYED_GRAM_BYTES
     gidx = gram_index(layout) if hasattr(w0, "frame_rhos") else None
     n_g = layout.n_unique if layout.pair_map is not None else layout.n
     keyed = (gidx is not None and keyed_available()
-             and 20 * n_g * n_g <= _KEYED_GRAM_BYTES)
+             and 12 * n_g * n_g <= _KEYED_GRAM_BYTES)
     if keyed:
         refs = [st.ref for st in states]
         fos = [gidx[st.ref.order] for st in states]
