@@ -167,29 +167,37 @@ def test_bit_keys_order_ulp_neighbours_and_zero_exactly():
     assert _rho(neg0, b) == pytest.approx(spearmanr(a, b)[0], abs=1e-12)
 
 
-@pytest.mark.parametrize("dups", [False, True])
+@pytest.mark.parametrize("dups", [False, True, "heavy"])
 def test_int32_key_path_equals_the_packed_key_path_on_blocked_gram(dups, monkeypatch):
     """n > 256: the Gram matrix is computed in row blocks (lower trapezoids); with duplicate
-    rows, of the unique rows. The int32-key path (default where torch sorts) and the 63-bit
-    packed-key path give the same nulls, and both equal the explicit scipy loop."""
+    rows, of the unique rows ("heavy": 280 of 300 rows copies of 20, so the distinct Gram
+    entries are ranked with their multiplicities). The int32-key path (default where torch
+    sorts) and the 63-bit packed-key path give the same nulls, and both equal the explicit
+    scipy loop."""
     from lmgeom.metrics import pga
 
     rng = np.random.default_rng(23)
     n, d, k = 300, 20, 4
     X = anisotropic(rng, n, d)
     X[:, 0] += 25.0 * rng.standard_normal(n)
-    if dups:
+    if dups == "heavy":
+        X[20:] = X[rng.integers(0, 20, n - 20)]
+    elif dups:
         X[250:270] = X[10:30]
         X[299] = X[0]
     V = M.readout_basis(rng.standard_normal((200, d)), k)
     from lmgeom.metrics import _null_runner as nr
 
-    calls = []
+    calls, weighted = [], []
     real = nr.NumpyWorker.frame_rhos
     monkeypatch.setattr(nr.NumpyWorker, "frame_rhos",
                         lambda self, *a, **kw: calls.append(1) or real(self, *a, **kw))
+    real_w = nr.weighted_keyed_spearman
+    monkeypatch.setattr(nr, "weighted_keyed_spearman",
+                        lambda *a: weighted.append(1) or real_w(*a))
     keyed = M.subspace_pga_levels(X, V, ccr=(0, 1, 3), n_null=6, seed=4)
     assert len(calls) == 6  # every null frame went through the int32-key path
+    assert len(weighted) == (18 if dups == "heavy" else 0)
     monkeypatch.setattr(pga, "_KEYED_GRAM_BYTES", 0)
     packed = M.subspace_pga_levels(X, V, ccr=(0, 1, 3), n_null=6, seed=4)
     assert len(calls) == 6

@@ -182,6 +182,69 @@ def test_keyed_detects_a_constant_frame():
         keyed_rho(np.arange(10.0), np.full(10, 0.25))
 
 
+def weighted_rho(gidx, a_entry, g_entry, max_fraction=0.5):
+    """Spearman over the pairs (pair p reads entry gidx[p]) through the weighted path:
+    reference a_entry[gidx], frame d = 1 - g_entry[gidx]."""
+    from lmgeom.metrics._rank import (KeySorter, distance_keys, weighted_keyed_spearman,
+                                      weighted_reference)
+
+    a = a_entry[gidx]
+    ref = RankReference(a, Sorter(a.size))
+    wr = weighted_reference(ref, gidx, max_fraction=max_fraction)
+    assert wr is not None
+    ks = KeySorter(wr.U)
+    gk = np.ascontiguousarray(g_entry[wr.gram])
+    distance_keys(gk, ks.keys, np.empty_like(gk))
+    return weighted_keyed_spearman(wr, ks, lambda x: 1.0 - gk[x])
+
+
+@pytest.mark.parametrize("U,P", [(3, 7), (10, 60), (300, 5000), (20_000, 120_000)])
+def test_weighted_matches_scipy_on_the_expanded_pairs(U, P):
+    """Duplicate rows: P pairs reading U distinct entries; the weighted Spearman over the
+    entries equals scipy's over the P expanded values (average ranks, ties in both)."""
+    rng = np.random.default_rng(U)
+    gidx = np.concatenate([np.arange(U), rng.integers(0, U, P - U)])  # every entry read
+    rng.shuffle(gidx)
+    a_entry = rng.random(U)
+    if U > 1:
+        a_entry[rng.integers(0, U, U // 10 + 1)] = a_entry[0]  # reference ties across entries
+    g_entry = 1.0 - (a_entry + rng.random(U))
+    if U > 2:
+        g_entry[: U // 10 + 2] = 1.0 - 0.3  # frame ties across entries (exactly equal)
+        close = slice(U // 2, U // 2 + min(U // 5, 300))
+        g_entry[close] = 1.0 - (0.6 + np.arange(g_entry[close].size) * np.spacing(0.6))
+    d = 1.0 - g_entry[gidx]
+    a = a_entry[gidx]
+    assert np.ptp(d) > 0 and np.ptp(a) > 0
+    want = spearmanr(a, d)[0]
+    assert weighted_rho(gidx, a_entry, g_entry, max_fraction=1.0) == pytest.approx(want,
+                                                                                   abs=1e-12)
+    assert weighted_rho(gidx, a_entry, g_entry, max_fraction=1.0) == pytest.approx(
+        rho(a, d), abs=1e-13)  # the 63-bit key path over the pairs
+
+
+def test_weighted_reference_declines_when_it_does_not_pay_or_does_not_describe_the_data():
+    from lmgeom.metrics._rank import weighted_reference
+
+    rng = np.random.default_rng(1)
+    gidx = rng.integers(0, 100, 1000)
+    a = rng.random(100)[gidx]
+    ref = RankReference(a, Sorter(a.size))
+    assert weighted_reference(ref, gidx) is not None
+    assert weighted_reference(ref, np.arange(1000)) is None  # no duplicates: U = P
+    b = a.copy()
+    b[np.flatnonzero(gidx == gidx[0])[1:]] += 1.0  # not a function of the entry
+    assert weighted_reference(RankReference(b, Sorter(b.size)), gidx) is None
+
+
+def test_weighted_detects_a_constant_frame():
+    from lmgeom.metrics._rank import ConstantVectorError as CVE
+
+    gidx = np.array([0, 1, 1, 2, 2, 2])
+    with pytest.raises(CVE):
+        weighted_rho(gidx, np.arange(3.0), np.full(3, 0.25), max_fraction=1.0)
+
+
 def test_distance_keys_are_a_monotone_function_of_the_distance():
     from lmgeom.metrics._rank import KEY_SCALE, distance_keys
 

@@ -42,8 +42,10 @@ from lmgeom.metrics._rank import (
     KeySorter,
     RankReference,
     Sorter,
+    WeightedReference,
     keyed_spearman,
     spearman_to_reference,
+    weighted_keyed_spearman,
 )
 
 log = logging.getLogger(__name__)
@@ -65,7 +67,7 @@ class NumpyWorker:
         self._g: np.ndarray = np.empty(0)
         self._gfull = np.empty((0, 0))
         self._kfull = np.empty((0, 0), dtype=np.int32)
-        self._keys: KeySorter | None = None
+        self._keys: dict[int, KeySorter] = {}
 
     def asarray(self, A: np.ndarray) -> np.ndarray:
         return A
@@ -150,7 +152,8 @@ class NumpyWorker:
 
     def frame_rhos(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
                    ms: list[int], mt: int, layout: Layout, scales: list[float],
-                   refs: list[RankReference], fos: list[np.ndarray], what: str) -> list[float]:
+                   refs: list[RankReference | WeightedReference], fos: list[np.ndarray],
+                   what: str) -> list[float]:
         """Spearman of frame b against each level's reference (exact layouts that read one
         square Gram matrix, :func:`~lmgeom.metrics._pairs.gram_index`), with no distance
         vector: per level one GEMM of the unit rows, pre-scaled by ``-2**29`` (exact: a power
@@ -158,16 +161,15 @@ class NumpyWorker:
         into int32 keys ``trunc(2**29 + G') = trunc(2**29 (1 - cos))`` while it is in cache;
         the keys are gathered straight into the reference's order (``fos[j]`` = the Gram
         index of each reference position) and radix-sorted; runs of equal keys are finished
-        with the exact distances ``1 + G'/2**29 = fl(1 - cos)``."""
+        with the exact distances ``1 + G'/2**29 = fl(1 - cos)``. A :class:`WeightedReference`
+        (many duplicate rows) reads each distinct Gram entry once (``fos[j]`` its entries)."""
         Ys = self._unit_levels(be, Yc, PQ, b, k, ms, mt, scales, what)
         n_g = layout.n_unique if layout.pair_map is not None else layout.n
         gdt = Ys[0].dtype
         if self._gfull.shape[0] != n_g or self._gfull.dtype != gdt:
             self._gfull = np.empty((n_g, n_g), dtype=gdt)
             self._kfull = np.empty((n_g, n_g), dtype=np.int32)
-        if self._keys is None or self._keys.P != layout.n_pairs:
-            self._keys = KeySorter(layout.n_pairs)
-        G, K, ks = self._gfull, self._kfull, self._keys
+        G, K = self._gfull, self._kfull
         regions = gram_regions(layout)
         Gflat, Kflat = G.ravel(), K.ravel()
         neg = gdt.type(-KEY_SCALE)
@@ -180,9 +182,13 @@ class NumpyWorker:
                 if layout.pair_map is not None:  # identical rows: cos exactly 1
                     Gflat[r0 * (n_g + 1):r1 * (n_g + 1):n_g + 1] = neg
                 np.add(Gb, KEY_SCALE, out=K[r0:r1, :r1], casting="unsafe", dtype=np.float64)
+            ks = self._keys.get(fo.size)
+            if ks is None:
+                ks = self._keys[fo.size] = KeySorter(fo.size)
             np.take(Kflat, fo, out=ks.keys)
+            rank = weighted_keyed_spearman if isinstance(ref, WeightedReference) else keyed_spearman
             try:
-                rhos.append(keyed_spearman(
+                rhos.append(rank(
                     ref, ks, lambda x, fo=fo: 1.0 + Gflat[fo[x]].astype(np.float64) / KEY_SCALE))
             except ConstantVectorError:
                 raise _constant(what, self.label) from None

@@ -45,11 +45,14 @@ __all__ = [
     "KeySorter",
     "RankReference",
     "Sorter",
+    "WeightedReference",
     "distance_keys",
     "keyed_available",
     "keyed_spearman",
     "sort_backend",
     "spearman_to_reference",
+    "weighted_keyed_spearman",
+    "weighted_reference",
 ]
 
 _CHUNK = 1 << 18
@@ -483,3 +486,85 @@ def keyed_spearman(ref: RankReference, ks: KeySorter,
     main = float(np.dot(lab.astype(np.float64), tc))
     corr = float(np.dot(ref.tie_delta[j[hit]], tc[runpos[hit]]))
     return _correlation(ref, lab, first, count, tc, main=math.fsum([main, corr]))
+
+
+class WeightedReference:
+    """The reference seen through the distinct entries of a duplicate-row layout.
+
+    With duplicate rows, every pair maps to one entry ``gidx[p]`` of the unique rows' Gram
+    matrix, and both the reference and every frame are functions of that entry: the P pairs
+    are U distinct values with multiplicities ``w``. Average ranks over the P pairs follow
+    from the U values and their weights (an entry's rank is the weight below it plus
+    ``(w + 1) / 2``), so a frame needs one sort of U keys instead of P.
+
+    Attributes:
+        gram: (U,) the distinct Gram entries, ascending.
+        w: (U,) int64 how many pairs read each.
+        a: (U,) float64 ``w`` times the reference's centred average rank of the entry.
+        P, m, S: as :class:`RankReference` (over the P pairs).
+        self_ties: ``sum(w**3 - w)`` (int), the tie term of the entries on their own.
+    """
+
+    def __init__(self, ref: RankReference, gram: np.ndarray, w: np.ndarray,
+                 cref: np.ndarray) -> None:
+        self.P, self.m, self.S = ref.P, ref.m, ref.S
+        self.gram = gram
+        self.U = int(gram.size)
+        self.w = w.astype(np.int64)
+        self.a = self.w * cref
+        self.self_ties = int(np.sum(self.w ** 3 - self.w))
+
+
+def weighted_reference(ref: RankReference, gidx: np.ndarray,
+                       max_fraction: float = 0.5) -> WeightedReference | None:
+    """:class:`WeightedReference` of ``ref`` over the entries ``gidx`` (one per pair), or None
+    when it would not pay (more than ``max_fraction`` of the pairs are distinct entries) or
+    when the reference is not a function of the entry (then it does not describe the data)."""
+    gram, first, inverse, w = np.unique(gidx, return_index=True, return_inverse=True,
+                                        return_counts=True)
+    if gram.size > max_fraction * ref.P:
+        return None
+    c_all = ref.centred_at(ref.posf)
+    cref = c_all[first]
+    if not np.array_equal(c_all, cref[inverse.ravel()]):
+        return None
+    return WeightedReference(ref, gram, w, cref)
+
+
+def weighted_keyed_spearman(wr: WeightedReference, ks: KeySorter,
+                            values_of: Callable[[np.ndarray], np.ndarray]) -> float:
+    """Spearman correlation over the P pairs from the int32 keys of the U distinct entries
+    (``ks.keys[u]``: the key of entry ``wr.gram[u]``); ``values_of`` maps entry indices to the
+    frame's exact float64 values (used inside runs of equal keys).
+
+    Raises:
+        ConstantVectorError: the frame's values are all equal.
+    """
+    vals, lab = ks.sort()
+    eq = ks._eq
+    np.equal(vals[1:], vals[:-1], out=eq)
+    e = np.flatnonzero(eq)
+    first, count = fix_runs(lab, e, values_of)
+    if count.size and int(count.max()) == wr.U:
+        raise ConstantVectorError("all values are equal")
+    wp = wr.w[lab]
+    cw = np.cumsum(wp)  # weight up to and including each sorted entry
+    # centred average rank of each entry: (cw - w) + (w + 1) / 2 - m
+    r = cw.astype(np.float64)
+    r -= 0.5 * wp
+    r += 0.5 - wr.m
+    ap = wr.a[lab]
+    parts = [float(np.dot(ap, r))]
+    ties = wr.self_ties
+    if first.size:  # distinct entries with exactly equal values: one tie group each
+        positions, _ = _expand_groups(first, count)
+        gid = np.repeat(np.arange(first.size), count)
+        wpos = wp[positions]
+        Wg = np.bincount(gid, weights=wpos).astype(np.int64)
+        below = cw[first] - wp[first]
+        centre = below + (Wg + 1) / 2.0 - wr.m
+        parts.append(float(np.dot(ap[positions], centre[gid] - r[positions])))
+        ties += int(np.sum(Wg ** 3 - Wg)) - int(np.sum(wpos ** 3 - wpos))
+    P = wr.P
+    S = P * (P * P - 1.0) / 12.0 - ties / 12.0
+    return math.fsum(parts) / math.sqrt(wr.S * S)

@@ -40,7 +40,7 @@ from lmgeom.metrics._pairs import (
     unit_rows,
     zero_rows_error,
 )
-from lmgeom.metrics._rank import keyed_available
+from lmgeom.metrics._rank import keyed_available, weighted_reference
 from lmgeom.metrics.geometry import CCRLevels, cached_frames, ccr_levels, top_directions
 
 __all__ = [
@@ -466,8 +466,14 @@ def _null_loop(runner: Any, states: list[_Level], lv: CCRLevels, layout: Any, fd
     keyed = (gidx is not None and keyed_available()
              and 12 * n_g * n_g <= _KEYED_GRAM_BYTES)
     if keyed:
-        refs = [st.ref for st in states]
-        fos = [gidx[st.ref.order] for st in states]
+        # many duplicate rows (e.g. layer 0: the state is the token's embedding): rank the
+        # distinct Gram entries with their multiplicities instead of every pair
+        wrefs = ([weighted_reference(st.ref, gidx) for st in states]
+                 if layout.pair_map is not None else [None] * len(states))
+        if any(wr is None for wr in wrefs):
+            wrefs = [None] * len(states)
+        refs = [wr or st.ref for wr, st in zip(wrefs, states)]
+        fos = [gidx[st.ref.order] if wr is None else wr.gram for wr, st in zip(wrefs, states)]
 
     def job(worker: Any, chunk: list[np.ndarray]) -> list[list[float]]:
         Yc, PQ = worker.project_batch(be, chunk)
