@@ -176,7 +176,8 @@ def run(profile: str = "quick") -> list[dict]:
 
 def sort_floor_rows() -> list[dict]:
     """The ranking floor: one sort of P distinct 63-bit keys (what every null frame's Spearman
-    needs) by numpy and by torch (one thread, as inside the null loop), best of 5, at the pair
+    needs) by numpy and by torch (one thread, as inside the null loop), and of P 29-bit int32
+    keys by torch (the exact mode's int32-key path), best of 5, at the pair
     counts of analyze's default (N = 512) and of the N = 2000 exact rows; and the backend
     lmgeom measured for this process (``lmgeom.metrics._rank.sort_backend``)."""
     import torch
@@ -191,9 +192,13 @@ def sort_floor_rows() -> list[dict]:
             P = n * (n - 1) // 2
             keys = np.random.default_rng(0).integers(0, 1 << 62, P, dtype=np.int64)
             tk = torch.from_numpy(keys)
+            # the exact mode's int32 distance keys (KeySorter): 29-bit keys, int64 positions
+            tk32 = torch.from_numpy((keys >> 33).astype(np.int32))
             times = {}
             for name, fn in (("numpy ndarray.sort", lambda: np.sort(keys)),
-                             ("torch.sort (1 thread)", lambda: torch.sort(tk))):
+                             ("torch.sort (1 thread)", lambda: torch.sort(tk)),
+                             ("torch.sort int32 keys (1 thread; the exact-mode path)",
+                              lambda: torch.sort(tk32))):
                 best = float("inf")
                 for _ in range(5):
                     t = time.perf_counter()
