@@ -195,10 +195,10 @@ def sort_floor_rows() -> list[dict]:
             # the exact mode's int32 distance keys (KeySorter): 29-bit keys, int64 positions
             tk32 = torch.from_numpy((keys >> 33).astype(np.int32))
             times = {}
-            for name, fn in (("numpy ndarray.sort", lambda: np.sort(keys)),
-                             ("torch.sort (1 thread)", lambda: torch.sort(tk)),
+            for name, fn in (("numpy ndarray.sort", lambda keys=keys: np.sort(keys)),
+                             ("torch.sort (1 thread)", lambda tk=tk: torch.sort(tk)),
                              ("torch.sort int32 keys (1 thread; the exact-mode path)",
-                              lambda: torch.sort(tk32))):
+                              lambda tk32=tk32: torch.sort(tk32))):
                 best = float("inf")
                 for _ in range(5):
                     t = time.perf_counter()

@@ -185,8 +185,12 @@ def test_keyed_detects_a_constant_frame():
 def weighted_rho(gidx, a_entry, g_entry, max_fraction=0.5):
     """Spearman over the pairs (pair p reads entry gidx[p]) through the weighted path:
     reference a_entry[gidx], frame d = 1 - g_entry[gidx]."""
-    from lmgeom.metrics._rank import (KeySorter, distance_keys, weighted_keyed_spearman,
-                                      weighted_reference)
+    from lmgeom.metrics._rank import (
+        KeySorter,
+        distance_keys,
+        weighted_keyed_spearman,
+        weighted_reference,
+    )
 
     a = a_entry[gidx]
     ref = RankReference(a, Sorter(a.size))

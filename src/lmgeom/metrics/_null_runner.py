@@ -37,8 +37,8 @@ from lmgeom.metrics._pairs import (
     zero_rows_error,
 )
 from lmgeom.metrics._rank import (
-    ConstantVectorError,
     KEY_SCALE,
+    ConstantVectorError,
     KeySorter,
     RankReference,
     Sorter,
