@@ -208,3 +208,27 @@ def test_int32_key_path_equals_the_packed_key_path_on_blocked_gram(dups, monkeyp
     assert keyed[1].rho_readout == pytest.approx(rho, abs=1e-12)
     np.testing.assert_allclose(keyed[1].null, null, rtol=0, atol=1e-12)
     assert keyed[1].z == pytest.approx(z, abs=1e-9)
+
+
+def test_sampled_pairs_rank_through_int32_keys_and_match_the_packed_path(monkeypatch):
+    """Sampled mode: each null frame's distance vector is keyed (trunc(2**29 d)) in the
+    reference's order and radix-sorted; same nulls and readout rho as the 63-bit packed keys
+    (which the explicit-loop tests check against scipy)."""
+    from lmgeom.metrics import _null_runner as nr
+
+    rng = np.random.default_rng(31)
+    n, d, k = 400, 24, 5
+    X = anisotropic(rng, n, d)
+    X[390:] = X[:10]  # duplicate rows: exact ties in every frame
+    V = M.readout_basis(rng.standard_normal((100, d)), k)
+    calls = []
+    real = nr.NumpyWorker._keyed_spearman
+    monkeypatch.setattr(nr.NumpyWorker, "_keyed_spearman",
+                        lambda self, *a: calls.append(1) or real(self, *a))
+    keyed = M.subspace_pga(X, V, n_null=8, ccr=1, seed=2, pairs=20_000, precision="float64")
+    assert not keyed.exact and len(calls) >= 8
+    monkeypatch.setattr(nr, "keyed_available", lambda: False)
+    packed = M.subspace_pga(X, V, n_null=8, ccr=1, seed=2, pairs=20_000, precision="float64")
+    np.testing.assert_allclose(keyed.null, packed.null, rtol=0, atol=1e-13)
+    assert keyed.rho_readout == pytest.approx(packed.rho_readout, abs=1e-13)
+    assert keyed.z == pytest.approx(packed.z, abs=1e-9)

@@ -43,6 +43,7 @@ from lmgeom.metrics._rank import (
     RankReference,
     Sorter,
     WeightedReference,
+    keyed_available,
     keyed_spearman,
     spearman_to_reference,
     weighted_keyed_spearman,
@@ -68,6 +69,7 @@ class NumpyWorker:
         self._gfull = np.empty((0, 0))
         self._kfull = np.empty((0, 0), dtype=np.int32)
         self._keys: dict[int, KeySorter] = {}
+        self._dk = np.empty(0)
 
     def asarray(self, A: np.ndarray) -> np.ndarray:
         return A
@@ -247,10 +249,30 @@ class NumpyWorker:
             raise _constant(what, self.label) from None
 
     def spearman(self, ref: RankReference, d: np.ndarray, what: str) -> float:
+        """Spearman of the distance vector ``d`` against the reference: through int32 keys
+        ``trunc(2**29 d)`` gathered into the reference's order and torch's radix sort where
+        available (sampled pairs, the readout), else the 63-bit packed keys."""
         try:
+            if (keyed_available() and d.dtype == np.float64 and d.size == ref.P
+                    and ref.P < (1 << 31)):
+                return self._keyed_spearman(ref, d)
             return spearman_to_reference(ref, d, self.sorter)
         except ConstantVectorError:
             raise _constant(what, self.label) from None
+
+    def _keyed_spearman(self, ref: RankReference, d: np.ndarray) -> float:
+        P = ref.P
+        ks = self._keys.get(P)
+        if ks is None:
+            ks = self._keys[P] = KeySorter(P)
+        if self._dk.size != P:
+            self._dk = np.empty(P)
+        order = ref.order_index()
+        tmp = self._dk
+        np.take(d, order, out=tmp)  # the frame's distances in the reference's order
+        tmp *= KEY_SCALE  # exact (a power of two): keys are a monotone function of d
+        np.copyto(ks.keys, tmp, casting="unsafe")
+        return keyed_spearman(ref, ks, lambda x: d[order[x]])
 
 
 def _constant(what: str, label: str | None) -> Exception:

@@ -345,6 +345,13 @@ class RankReference:
             self.tie_delta = avg - (positions + 1.0)
         self.S = S
 
+    def order_index(self) -> np.ndarray:
+        """``order`` as int64 (a gather index), computed once."""
+        idx = getattr(self, "_order_index", None)
+        if idx is None:
+            idx = self._order_index = self.order.astype(np.int64)
+        return idx
+
     def centred_at(self, positions: np.ndarray) -> np.ndarray:
         """Centred average ranks at reference positions."""
         if self.cpos is None:
