@@ -425,12 +425,19 @@ class KeySorter:
         self.idx = self._idx.numpy()
         self._eq = np.empty(max(self.P - 1, 0), dtype=bool)
         self._cpos: np.ndarray | None = None
+        self._labf: np.ndarray | None = None
         self._torch = torch
 
     def sort(self) -> tuple[np.ndarray, np.ndarray]:
         """``(sorted keys, their positions)`` (views of internal buffers)."""
         self._torch.sort(self._src, out=(self._vals, self._idx))
         return self.vals, self.idx
+
+    def float_buffer(self) -> np.ndarray:
+        """(P,) float64 scratch (the sorted positions as floats, for one BLAS dot)."""
+        if self._labf is None:
+            self._labf = np.empty(self.P)
+        return self._labf
 
     def centred_positions(self) -> np.ndarray | None:
         if self.P > (1 << 24):
@@ -491,7 +498,9 @@ def keyed_spearman(ref: RankReference, ks: KeySorter,
     hit = ref.tie_pos[j] == labs
     if int(np.count_nonzero(hit)) != ref.tie_pos.size:
         return _correlation(ref, lab, first, count, tc)
-    main = float(np.dot(lab.astype(np.float64), tc))
+    labf = ks.float_buffer()
+    np.copyto(labf, lab)
+    main = float(np.dot(labf, tc))
     corr = float(np.dot(ref.tie_delta[j[hit]], tc[runpos[hit]]))
     return _correlation(ref, lab, first, count, tc, main=math.fsum([main, corr]))
 
