@@ -45,6 +45,7 @@ from lmgeom.metrics._rank import (
     WeightedReference,
     keyed_available,
     keyed_spearman,
+    scaled_cosine_keys,
     spearman_to_reference,
     weighted_keyed_spearman,
 )
@@ -132,7 +133,7 @@ class NumpyWorker:
     def _unit_levels(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
                      ms: list[int], mt: int, scales: list[float], what: str) -> list[np.ndarray]:
         """Frame b's unit rows at every level in ``ms``: Y_m = Y_t + A B_m (A the n x r PC
-        coefficients, B_m the projected directions of levels m..mt), scaled by 1 / row norm;
+        coefficients, B_m the projected directions of levels m..mt), as :func:`unit_rows`;
         float64 (float32 when the batch is)."""
         Yt = Yc[:, b * k:(b + 1) * k]
         out = []
@@ -144,12 +145,7 @@ class NumpyWorker:
                 if Ym.dtype != Yt.dtype:
                     Ym = Ym.astype(Yt.dtype)
                 Ym += Yt
-            norms = np.sqrt(np.einsum("ij,ij->i", Ym, Ym, dtype=np.float64))
-            bad = np.flatnonzero(~(norms > ZERO_RTOL * scale))
-            if bad.size:
-                raise zero_rows_error(bad, Ym.shape[0], what, self.label)
-            Ym *= (1.0 / norms).astype(Ym.dtype, copy=False)[:, None]
-            out.append(Ym)
+            out.append(unit_rows(Ym, scale=scale, what=what, label=self.label))
         return out
 
     def frame_rhos(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
@@ -183,10 +179,8 @@ class NumpyWorker:
                 np.matmul(Yn[r0:r1], Y[:r1].T, out=Gb)
                 if layout.pair_map is not None:  # identical rows: cos exactly 1
                     Gflat[r0 * (n_g + 1):r1 * (n_g + 1):n_g + 1] = neg
-                np.add(Gb, KEY_SCALE, out=K[r0:r1, :r1], casting="unsafe", dtype=np.float64)
-            ks = self._keys.get(fo.size)
-            if ks is None:
-                ks = self._keys[fo.size] = KeySorter(fo.size)
+                scaled_cosine_keys(Gb, K[r0:r1, :r1])
+            ks = self._key_sorter(fo.size)
             np.take(Kflat, fo, out=ks.keys)
             rank = weighted_keyed_spearman if isinstance(ref, WeightedReference) else keyed_spearman
             try:
@@ -260,11 +254,15 @@ class NumpyWorker:
         except ConstantVectorError:
             raise _constant(what, self.label) from None
 
-    def _keyed_spearman(self, ref: RankReference, d: np.ndarray) -> float:
-        P = ref.P
+    def _key_sorter(self, P: int) -> KeySorter:
         ks = self._keys.get(P)
         if ks is None:
             ks = self._keys[P] = KeySorter(P)
+        return ks
+
+    def _keyed_spearman(self, ref: RankReference, d: np.ndarray) -> float:
+        P = ref.P
+        ks = self._key_sorter(P)
         if self._dk.size != P:
             self._dk = np.empty(P)
         order = ref.order_index()

@@ -50,6 +50,7 @@ __all__ = [
     "distance_keys",
     "keyed_available",
     "keyed_spearman",
+    "scaled_cosine_keys",
     "sort_backend",
     "spearman_to_reference",
     "weighted_keyed_spearman",
@@ -470,8 +471,34 @@ def distance_keys(G: np.ndarray, out: np.ndarray, tmp: np.ndarray) -> None:
     float64 scratch of G's shape.
     """
     np.multiply(G, -KEY_SCALE, out=tmp)
-    np.add(tmp, KEY_SCALE, out=tmp)
-    np.copyto(out, tmp, casting="unsafe")
+    scaled_cosine_keys(tmp, out)
+
+
+def scaled_cosine_keys(Gs: np.ndarray, out: np.ndarray) -> None:
+    """The keys of :func:`distance_keys` from ``Gs = -2**29 G`` (exactly scaled cosines, as
+    a GEMM of rows pre-scaled by ``-2**29`` gives them): ``trunc(2**29 + Gs)``, in one pass."""
+    np.add(Gs, KEY_SCALE, out=out, casting="unsafe", dtype=np.float64)
+
+
+def _sort_keys(ks: KeySorter, values_of: Callable[[np.ndarray], np.ndarray]) -> tuple:
+    """Sort ``ks.keys`` and finish the runs of equal keys with the exact values.
+
+    Returns:
+        ``(lab, runpos, first, count)``: the positions in ascending order of the values, every
+        position inside a run of equal keys, and the exact tie groups (:func:`fix_runs`).
+
+    Raises:
+        ConstantVectorError: all values are equal.
+    """
+    vals, lab = ks.sort()
+    eq = ks._eq
+    np.equal(vals[1:], vals[:-1], out=eq)
+    e = np.flatnonzero(eq)
+    runpos = run_positions(e, ks.P)
+    first, count = fix_runs(lab, e, values_of, runpos)
+    if count.size and int(count.max()) == ks.P:
+        raise ConstantVectorError("all values are equal")
+    return lab, runpos, first, count
 
 
 def keyed_spearman(ref: RankReference, ks: KeySorter,
@@ -486,14 +513,7 @@ def keyed_spearman(ref: RankReference, ks: KeySorter,
     Raises:
         ConstantVectorError: the frame's values are all equal.
     """
-    vals, lab = ks.sort()
-    eq = ks._eq
-    np.equal(vals[1:], vals[:-1], out=eq)
-    e = np.flatnonzero(eq)
-    runpos = run_positions(e, ref.P)
-    first, count = fix_runs(lab, e, values_of, runpos)
-    if count.size and int(count.max()) == ref.P:
-        raise ConstantVectorError("all values are equal")
+    lab, runpos, first, count = _sort_keys(ks, values_of)
     tc = ks.centred_positions()
     if tc is None or ref.cpos is None or 8 * ref.tie_pos.size > ref.P:
         return _correlation(ref, lab, first, count, tc)
@@ -566,13 +586,7 @@ def weighted_keyed_spearman(wr: WeightedReference, ks: KeySorter,
     Raises:
         ConstantVectorError: the frame's values are all equal.
     """
-    vals, lab = ks.sort()
-    eq = ks._eq
-    np.equal(vals[1:], vals[:-1], out=eq)
-    e = np.flatnonzero(eq)
-    first, count = fix_runs(lab, e, values_of)
-    if count.size and int(count.max()) == wr.U:
-        raise ConstantVectorError("all values are equal")
+    lab, _, first, count = _sort_keys(ks, values_of)
     wp = wr.w[lab]
     cw = np.cumsum(wp)  # weight up to and including each sorted entry
     # centred average rank of each entry: (cw - w) + (w + 1) / 2 - m
