@@ -5,7 +5,8 @@ spectral summary per layer), new code vs the code of git revision ``fe8b15f`` (b
 states, one after the other in the same run. Old: one ``subspace_pga`` call per level (what
 ``experiments/layer_sweep.py`` ``layer_metrics`` does at that revision). New:
 ``subspace_pga_levels(X, V, ccr=(0, 1, 5, 10), ...)`` with the default precision (float64 in
-exact mode) and with ``precision="float32"``. One warm-up layer runs first in each process
+exact mode), the same with the compiled rank kernel switched off (``LMGEOM_RANK_KERNEL=torch``:
+int32 keys sorted by torch, the path before the kernel), and with ``precision="float32"``. One warm-up layer runs first in each process
 (imports, and the null frames into the in-process cache, as after analyze's first layer).
 ``ratio`` = old seconds / new seconds (wall; ``cpu_ratio`` the same in CPU seconds).
 ``max |dz|`` is over all 32 x 4 (layer, level) z values against the old code.
@@ -104,6 +105,9 @@ def _old_tree(tmp: Path) -> Path:
 def _child(mode: str, src: Path, data: Path, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
     env.pop("OMP_NUM_THREADS", None)
+    env.pop("LMGEOM_RANK_KERNEL", None)
+    if mode == "new-torch":
+        env["LMGEOM_RANK_KERNEL"] = "torch"
     r = subprocess.run([sys.executable, "-c", _CHILD, mode, str(data), str(out)], env=env,
                        capture_output=True, text=True, check=False)
     if r.returncode != 0:
@@ -128,6 +132,7 @@ def run(profile: str = "quick") -> list[dict]:
     rows: list[dict] = []
     names = {"old": f"old ({OLD_REV}): subspace_pga per level",
              "new": "new: subspace_pga_levels (float64)",
+             "new-torch": "new, rank kernel off (LMGEOM_RANK_KERNEL=torch), float64",
              "new-fp32": 'new: subspace_pga_levels (precision="float32")'}
     with tempfile.TemporaryDirectory(prefix="lmgeom-bench-metrics-") as tmp_s:
         tmp = Path(tmp_s)
@@ -138,7 +143,7 @@ def run(profile: str = "quick") -> list[dict]:
                 np.savez(data, states=S, basis=V)
                 res = {}
                 for mode, src in (("old", tree / "src"), ("new", ROOT / "src"),
-                                  ("new-fp32", ROOT / "src")):
+                                  ("new-torch", ROOT / "src"), ("new-fp32", ROOT / "src")):
                     load = os.getloadavg()[0]
                     res[mode] = _child(mode, src, data, tmp / f"{mode}{i}.json")
                     print(f"  metrics {what} {mode}: {res[mode]['wall']:.1f} s", flush=True)

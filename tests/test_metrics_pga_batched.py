@@ -167,14 +167,19 @@ def test_bit_keys_order_ulp_neighbours_and_zero_exactly():
     assert _rho(neg0, b) == pytest.approx(spearmanr(a, b)[0], abs=1e-12)
 
 
+@pytest.mark.parametrize("path", ["kernel", "torch"])
 @pytest.mark.parametrize("dups", [False, True, "heavy"])
-def test_int32_key_path_equals_the_packed_key_path_on_blocked_gram(dups, monkeypatch):
+def test_int32_key_path_equals_the_packed_key_path_on_blocked_gram(dups, path, monkeypatch):
     """n > 256: the Gram matrix is computed in row blocks (lower trapezoids); with duplicate
     rows, of the unique rows ("heavy": 280 of 300 rows copies of 20, so the distinct Gram
-    entries are ranked with their multiplicities). The int32-key path (default where torch
-    sorts) and the 63-bit packed-key path give the same nulls, and both equal the explicit
-    scipy loop."""
-    from lmgeom.metrics import pga
+    entries are ranked with their multiplicities). The int32-key path (the compiled kernel,
+    or torch's sort) and the 63-bit packed-key path give the same nulls, and both equal the
+    explicit scipy loop."""
+    from lmgeom.metrics import _rank_kernel, pga
+
+    if path == "torch":
+        monkeypatch.setenv("LMGEOM_RANK_KERNEL", "torch")
+    _rank_kernel.kernel_available.cache_clear()
 
     rng = np.random.default_rng(23)
     n, d, k = 300, 20, 4
@@ -208,9 +213,24 @@ def test_int32_key_path_equals_the_packed_key_path_on_blocked_gram(dups, monkeyp
     assert keyed[1].rho_readout == pytest.approx(rho, abs=1e-12)
     np.testing.assert_allclose(keyed[1].null, null, rtol=0, atol=1e-12)
     assert keyed[1].z == pytest.approx(z, abs=1e-9)
+    monkeypatch.delenv("LMGEOM_RANK_KERNEL", raising=False)
+    _rank_kernel.kernel_available.cache_clear()
 
 
-def test_sampled_pairs_rank_through_int32_keys_and_match_the_packed_path(monkeypatch):
+@pytest.fixture
+def torch_keys(monkeypatch):
+    """Keep the null loop on the torch-sort path (no compiled kernel)."""
+    from lmgeom.metrics import _rank_kernel
+
+    monkeypatch.setenv("LMGEOM_RANK_KERNEL", "torch")
+    _rank_kernel.kernel_available.cache_clear()
+    yield
+    monkeypatch.delenv("LMGEOM_RANK_KERNEL")
+    _rank_kernel.kernel_available.cache_clear()
+
+
+def test_sampled_pairs_rank_through_int32_keys_and_match_the_packed_path(monkeypatch,
+                                                                         torch_keys):
     """Sampled mode: each null frame's distance vector is keyed (trunc(2**29 d)) in the
     reference's order and radix-sorted; same nulls and readout rho as the 63-bit packed keys
     (which the explicit-loop tests check against scipy)."""
@@ -232,3 +252,45 @@ def test_sampled_pairs_rank_through_int32_keys_and_match_the_packed_path(monkeyp
     np.testing.assert_allclose(keyed.null, packed.null, rtol=0, atol=1e-13)
     assert keyed.rho_readout == pytest.approx(packed.rho_readout, abs=1e-13)
     assert keyed.z == pytest.approx(packed.z, abs=1e-9)
+
+
+@pytest.mark.parametrize("gram", ["syrk", "gemm"])
+@pytest.mark.parametrize("dups", [False, True])
+@pytest.mark.parametrize("pairs", [None, 20_000])
+def test_compiled_kernel_gives_the_torch_paths_nulls(dups, pairs, gram, monkeypatch):
+    """The compiled rank kernel (default with numba) and the torch-sort path give the same
+    nulls, readout rho and z, exact and sampled, with and without duplicate rows (ties in
+    the reference and in every frame), float64, with the Gram matrix from BLAS SYRK or
+    (no ctypes SYRK) numpy GEMMs on row blocks; every frame went through the kernel."""
+    from lmgeom.metrics import _null_runner as nr
+    from lmgeom.metrics import _rank_kernel
+
+    if gram == "gemm":
+        monkeypatch.setattr(nr, "_syrk_functions", lambda: None)
+    else:
+        assert nr._syrk_functions() is not None
+
+    rng = np.random.default_rng(41)
+    n, d, k = 300, 24, 5  # n > 256: several row blocks
+    X = anisotropic(rng, n, d)
+    if dups:
+        X[280:] = X[:20]
+    V = M.readout_basis(rng.standard_normal((100, d)), k)
+    calls = []
+    real = nr.SpearmanKernel.spearman
+    monkeypatch.setattr(nr.SpearmanKernel, "spearman",
+                        lambda self, *a, **kw: calls.append(1) or real(self, *a, **kw))
+    kw = dict(ccr=(0, 1, 3), n_null=6, seed=4, pairs=pairs, precision="float64")
+    fast = M.subspace_pga_levels(X, V, **kw)
+    assert len(calls) >= 6 * 3 + 3  # every level of every frame, and the readout rhos
+    monkeypatch.setenv("LMGEOM_RANK_KERNEL", "torch")
+    _rank_kernel.kernel_available.cache_clear()
+    try:
+        slow = M.subspace_pga_levels(X, V, **kw)
+    finally:
+        monkeypatch.delenv("LMGEOM_RANK_KERNEL")
+        _rank_kernel.kernel_available.cache_clear()
+    for m in (0, 1, 3):
+        np.testing.assert_allclose(fast[m].null, slow[m].null, rtol=0, atol=1e-13)
+        assert fast[m].rho_readout == pytest.approx(slow[m].rho_readout, abs=1e-13)
+        assert fast[m].z == pytest.approx(slow[m].z, abs=1e-9)

@@ -262,3 +262,78 @@ def test_distance_keys_are_a_monotone_function_of_the_distance():
     o = np.argsort(d, kind="stable")
     assert np.all(np.diff(keys[o]) >= 0)  # never smaller for a larger distance
     assert keys.max() <= 2 * KEY_SCALE < 2 ** 31
+
+
+# ---------------------------------------------------------------------- compiled kernel
+def kernel_rho(a, d, gidx=None, src=None, c0=0.0, c1=1.0):
+    """Spearman of the frame d against the reference a through the compiled kernel: pair t's
+    value is c0 + c1 * src[gidx[t]] (default: d itself)."""
+    from lmgeom.metrics._rank_kernel import SpearmanKernel
+
+    ref = RankReference(a, Sorter(a.size))
+    if src is None:
+        src, gidx = d, np.arange(d.size)
+    fo = gidx[ref.order.astype(np.int64)]
+    return SpearmanKernel(a.size).spearman(ref.S, src, gidx, ref.positions32(), fo, c0, c1,
+                                           *ref.centred2())
+
+
+@pytest.mark.parametrize("n", [2, 3, 1000, 200_000, 300_000])  # 300k: the 4-pass radix
+def test_kernel_matches_scipy_on_continuous_data(n):
+    rng = np.random.default_rng(n)
+    a = rng.random(n)
+    d = a + rng.random(n)
+    assert kernel_rho(a, d) == pytest.approx(spearmanr(a, d)[0], abs=1e-12)
+
+
+@pytest.mark.parametrize("n", [20_000, 300_000])
+def test_kernel_matches_scipy_with_ties_collisions_long_runs_and_reference_only_ties(n):
+    """Duplicate-row ties (in both), ties in the reference only (outside the frame's runs:
+    the tie-aware second pass), values closer than the key resolution (one run of 400 keys:
+    the sorted branch), exact ties at zero and a tie group inside a run."""
+    rng = np.random.default_rng(5)
+    a = rng.random(n)
+    a[:300] = a[300:600]
+    a[5000:5040] = 0.5
+    d = a + 0.05 * rng.random(n)
+    d[:300] = d[300:600]
+    d[7000:7400] = 0.75 + np.arange(400) * np.spacing(0.75)
+    d[7400:7410] = 0.75 + 7 * np.spacing(0.75)  # exact ties inside the run
+    d[9000:9100] = 0.0
+    d[9100:9103] = 0.25 + np.array([0, 2, 1]) * np.spacing(0.25)  # a short unsorted run
+    got = kernel_rho(a, d)
+    assert got == pytest.approx(spearmanr(a, d)[0], abs=1e-12)
+    assert got == pytest.approx(rho(a, d), abs=1e-13)  # the 63-bit key path
+
+
+def test_kernel_reads_scaled_gram_entries_like_the_torch_path():
+    """The null loop's source: pair t reads G' = -2**29 cos at gidx[t] of a Gram matrix, its
+    value is 1 + G'/2**29 = fl(1 - cos); same rho as the int32 keys through torch."""
+    from lmgeom.metrics._rank import KEY_SCALE
+
+    rng = np.random.default_rng(9)
+    n = 60
+    Y = rng.standard_normal((n, 5))
+    Y[50:] = Y[:10]  # duplicate rows: exact ties
+    Y /= np.linalg.norm(Y, axis=1, keepdims=True)
+    G = (Y * -KEY_SCALE) @ Y.T
+    i, j = np.tril_indices(n, -1)
+    gidx = i * n + j
+    d = 1.0 + G.ravel()[gidx] / KEY_SCALE
+    a = d + 0.1 * rng.random(d.size)
+    got = kernel_rho(a, d, gidx, G.ravel(), 1.0, 1.0 / KEY_SCALE)
+    assert got == pytest.approx(spearmanr(a, d)[0], abs=1e-12)
+    assert got == pytest.approx(keyed_rho(a, 1.0 - d), abs=1e-13)
+
+
+def test_kernel_declines_out_of_range_values_and_flags_a_constant_frame():
+    from lmgeom.metrics._rank_kernel import MAX_PAIRS, SpearmanKernel
+
+    a = np.arange(10.0)
+    assert kernel_rho(a, np.full(10, 0.25)) == "constant"
+    for bad in (-1e-3, 4.0, np.nan):
+        d = np.linspace(0.1, 1.0, 10)
+        d[3] = bad
+        assert kernel_rho(a, d) is None  # the caller takes the general path
+    with pytest.raises(ValueError, match="pairs"):
+        SpearmanKernel(MAX_PAIRS + 1)

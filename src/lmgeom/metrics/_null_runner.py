@@ -6,6 +6,12 @@ one or more workers (threads: numpy's sort, ufuncs and gathers release the GIL; 
 limited to one thread per worker) and returns results in submission order, so results do not
 depend on scheduling.
 
+Ranking: the CPU worker ranks each frame's pair distances through the compiled kernel of
+:mod:`~lmgeom.metrics._rank_kernel` (numba; exact integer numerator), else through int32 keys
+and torch's radix sort, else 63-bit packed keys (:mod:`~lmgeom.metrics._rank`); all three give
+the same correlations (tests: to 1e-13, and against scipy). ``LMGEOM_RANK_KERNEL=torch`` keeps
+the torch path.
+
 Precision: everything is float64. The torch runner (``device="cuda"`` etc.) computes Gram
 matrices with the device BLAS, whose rounding differs from the CPU's at the 1e-16 level; this
 moves Spearman values by ~1e-13, i.e. PGA z agrees with the CPU result to ~1e-9.
@@ -14,6 +20,7 @@ moves Spearman values by ~1e-13, i.e. PGA z agrees with the CPU result to ~1e-9.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -49,6 +56,7 @@ from lmgeom.metrics._rank import (
     spearman_to_reference,
     weighted_keyed_spearman,
 )
+from lmgeom.metrics._rank_kernel import MAX_PAIRS, SpearmanKernel, kernel_available
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +78,8 @@ class NumpyWorker:
         self._gfull = np.empty((0, 0))
         self._kfull = np.empty((0, 0), dtype=np.int32)
         self._keys: dict[int, KeySorter] = {}
+        self._kern: dict[int, SpearmanKernel] = {}
+        self._gsyrk = np.empty((0, 0), order="F")
         self._dk = np.empty(0)
 
     def asarray(self, A: np.ndarray) -> np.ndarray:
@@ -151,44 +161,88 @@ class NumpyWorker:
     def frame_rhos(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
                    ms: list[int], mt: int, layout: Layout, scales: list[float],
                    refs: list[RankReference | WeightedReference], fos: list[np.ndarray],
-                   what: str) -> list[float]:
+                   what: str, gidx: np.ndarray | None = None) -> list[float]:
         """Spearman of frame b against each level's reference (exact layouts that read one
         square Gram matrix, :func:`~lmgeom.metrics._pairs.gram_index`), with no distance
-        vector: per level one GEMM of the unit rows, pre-scaled by ``-2**29`` (exact: a power
-        of two), fills the lower trapezoids of ``G' = -2**29 cos``; one pass turns each block
-        into int32 keys ``trunc(2**29 + G') = trunc(2**29 (1 - cos))`` while it is in cache;
-        the keys are gathered straight into the reference's order (``fos[j]`` = the Gram
-        index of each reference position) and radix-sorted; runs of equal keys are finished
-        with the exact distances ``1 + G'/2**29 = fl(1 - cos)``. A :class:`WeightedReference`
-        (many duplicate rows) reads each distinct Gram entry once (``fos[j]`` its entries)."""
+        vector. Per level the Gram matrix of the unit rows is ranked by
+
+        * the compiled kernel (:mod:`~lmgeom.metrics._rank_kernel`; ``gidx`` given, numba
+          present): one SYRK of the unit rows (:meth:`_kernel_gram`) fills the cosines that
+          ``gidx`` reads, the kernel streams keys ``trunc(2**29 (1 - cos))`` from them in
+          pair order, radix-sorts them with their reference positions and sums the numerator
+          exactly;
+        * else one GEMM per row block of the rows pre-scaled by ``-2**29`` (exact: a power of
+          two) fills the lower trapezoids of ``G' = -2**29 cos``, one pass turns each into
+          int32 keys ``trunc(2**29 + G')`` while it is in cache, the keys are gathered into the reference's order
+          (``fos[j]`` = the Gram index of each reference position) and sorted by torch.
+
+        Runs of equal keys are finished with the exact distances ``fl(1 - cos)`` either way
+        (``1 + G'/2**29`` is the same float). A :class:`WeightedReference` (many duplicate rows) reads each distinct Gram
+        entry once (``fos[j]`` its entries; torch path)."""
         Ys = self._unit_levels(be, Yc, PQ, b, k, ms, mt, scales, what)
         n_g = layout.n_unique if layout.pair_map is not None else layout.n
         gdt = Ys[0].dtype
+        neg = gdt.type(-KEY_SCALE)
+        rhos = []
+        for Y, ref, fo in zip(Ys, refs, fos):
+            rho = None
+            if (gidx is not None and not isinstance(ref, WeightedReference)
+                    and self._kernel_applies(ref.P)):
+                cos = self._kernel_gram(Y, layout)  # distance fl(1 - cos): c0 = 1, c1 = -1
+                rho = self._kernel_spearman(ref, cos, gidx, fo, 1.0, -1.0, what)
+            if rho is None:
+                rho = self._torch_keyed_rho(Y, ref, fo, layout, n_g, neg, what)
+            rhos.append(rho)
+        return rhos
+
+    def _kernel_gram(self, Y: np.ndarray, layout: Layout) -> np.ndarray:
+        """The cosines ``Y Y^T`` of the unit rows where :func:`~lmgeom.metrics._pairs.
+        gram_index` reads them, as a flat array: one BLAS SYRK into a column-major buffer
+        (its upper triangle lies where a row-major lower triangle would), called through
+        ctypes so the GIL is released (scipy.linalg.blas's wrappers hold it); else one numpy
+        GEMM per row block on the row-major lower trapezoids. Unique-row layouts get a
+        diagonal of exactly 1 (identical rows)."""
+        Y = np.ascontiguousarray(Y)
+        n, k = Y.shape
+        syrk = _syrk_functions()
+        fn = syrk.get(Y.dtype.str) if syrk else None
+        C = self._gsyrk
+        if C.shape[0] != n or C.dtype != Y.dtype or (fn is None) != C.flags.c_contiguous:
+            C = self._gsyrk = np.zeros((n, n), dtype=Y.dtype, order="C" if fn is None else "F")
+        if fn is not None:
+            fn(Y, C)
+            flat = C.reshape(-1, order="F")
+        else:
+            for r0, r1 in gram_regions(layout):
+                np.matmul(Y[r0:r1], Y[:r1].T, out=C[r0:r1, :r1])
+            flat = C.reshape(-1)
+        if layout.pair_map is not None:
+            flat[:: n + 1] = 1.0
+        return flat
+
+    def _torch_keyed_rho(self, Y: np.ndarray, ref: RankReference | WeightedReference,
+                         fo: np.ndarray, layout: Layout, n_g: int, neg: Any, what: str) -> float:
+        """One level of :meth:`frame_rhos` through int32 keys and torch's sort."""
+        gdt = Y.dtype
         if self._gfull.shape[0] != n_g or self._gfull.dtype != gdt:
             self._gfull = np.empty((n_g, n_g), dtype=gdt)
             self._kfull = np.empty((n_g, n_g), dtype=np.int32)
         G, K = self._gfull, self._kfull
-        regions = gram_regions(layout)
         Gflat, Kflat = G.ravel(), K.ravel()
-        neg = gdt.type(-KEY_SCALE)
-        rhos = []
-        for Y, ref, fo in zip(Ys, refs, fos):
-            Yn = Y * neg
-            for r0, r1 in regions:
-                Gb = G[r0:r1, :r1]
-                np.matmul(Yn[r0:r1], Y[:r1].T, out=Gb)
-                if layout.pair_map is not None:  # identical rows: cos exactly 1
-                    Gflat[r0 * (n_g + 1):r1 * (n_g + 1):n_g + 1] = neg
-                scaled_cosine_keys(Gb, K[r0:r1, :r1])
-            ks = self._key_sorter(fo.size)
-            np.take(Kflat, fo, out=ks.keys)
-            rank = weighted_keyed_spearman if isinstance(ref, WeightedReference) else keyed_spearman
-            try:
-                rhos.append(rank(
-                    ref, ks, lambda x, fo=fo: 1.0 + Gflat[fo[x]].astype(np.float64) / KEY_SCALE))
-            except ConstantVectorError:
-                raise _constant(what, self.label) from None
-        return rhos
+        Yn = Y * neg
+        for r0, r1 in gram_regions(layout):
+            Gb = G[r0:r1, :r1]
+            np.matmul(Yn[r0:r1], Y[:r1].T, out=Gb)
+            if layout.pair_map is not None:  # identical rows: cos exactly 1
+                Gflat[r0 * (n_g + 1):r1 * (n_g + 1):n_g + 1] = neg
+            scaled_cosine_keys(Gb, K[r0:r1, :r1])
+        ks = self._key_sorter(fo.size)
+        np.take(Kflat, fo, out=ks.keys)
+        rank = weighted_keyed_spearman if isinstance(ref, WeightedReference) else keyed_spearman
+        try:
+            return rank(ref, ks, lambda x: 1.0 + Gflat[fo[x]].astype(np.float64) / KEY_SCALE)
+        except ConstantVectorError:
+            raise _constant(what, self.label) from None
 
     def frame_levels(self, be: tuple, Yc: np.ndarray, PQ: np.ndarray | None, b: int, k: int,
                      ms: list[int], mt: int, layout: Layout, scales: list[float],
@@ -243,16 +297,45 @@ class NumpyWorker:
             raise _constant(what, self.label) from None
 
     def spearman(self, ref: RankReference, d: np.ndarray, what: str) -> float:
-        """Spearman of the distance vector ``d`` against the reference: through int32 keys
-        ``trunc(2**29 d)`` gathered into the reference's order and torch's radix sort where
-        available (sampled pairs, the readout), else the 63-bit packed keys."""
+        """Spearman of the distance vector ``d`` against the reference (sampled pairs, the
+        readout): int32 keys ``trunc(2**29 d)`` ranked by the compiled kernel
+        (:mod:`~lmgeom.metrics._rank_kernel`), else gathered into the reference's order and
+        sorted by torch's radix sort, else the 63-bit packed keys."""
         try:
+            if d.dtype == np.float64 and d.size == ref.P:
+                rho = self._kernel_spearman(ref, d, None, ref.order_index(), 0.0, 1.0, what)
+                if rho is not None:
+                    return rho
             if (keyed_available() and d.dtype == np.float64 and d.size == ref.P
                     and ref.P < (1 << 31)):
                 return self._keyed_spearman(ref, d)
             return spearman_to_reference(ref, d, self.sorter)
         except ConstantVectorError:
             raise _constant(what, self.label) from None
+
+    @staticmethod
+    def _kernel_applies(P: int) -> bool:
+        return 2 <= P <= MAX_PAIRS and kernel_available()
+
+    def _kernel_spearman(self, ref: RankReference, src: np.ndarray, gidx: np.ndarray | None,
+                         fo: np.ndarray, c0: float, c1: float, what: str) -> float | None:
+        """Spearman through the compiled kernel (:mod:`~lmgeom.metrics._rank_kernel`) of the
+        frame whose value at pair t is ``c0 + c1 * src[gidx[t]]`` (``gidx`` None: ``src[t]``;
+        ``fo = gidx[ref.order]``); ``None`` where the kernel does not apply (no numba, too
+        many pairs, values outside [0, 4))."""
+        P = ref.P
+        if not self._kernel_applies(P):
+            return None
+        kern = self._kern.get(P)
+        if kern is None:
+            kern = self._kern[P] = SpearmanKernel(P)
+        if gidx is None:
+            gidx = kern.iota()
+        rho = kern.spearman(ref.S, src, gidx, ref.positions32(), fo, c0, c1,
+                            *ref.centred2(), n_tied=int(ref.tie_pos.size))
+        if isinstance(rho, str):
+            raise _constant(what, self.label)
+        return rho
 
     def _key_sorter(self, P: int) -> KeySorter:
         ks = self._keys.get(P)
@@ -271,6 +354,39 @@ class NumpyWorker:
         tmp *= KEY_SCALE  # exact (a power of two): keys are a monotone function of d
         np.copyto(ks.keys, tmp, casting="unsafe")
         return keyed_spearman(ref, ks, lambda x: d[order[x]])
+
+
+@functools.lru_cache(maxsize=1)
+def _syrk_functions() -> dict[str, Callable[[np.ndarray, np.ndarray], None]] | None:
+    """``dtype.str -> fn(Y, C)``: ``C[upper] = Y Y^T`` for C-contiguous (n, k) ``Y`` and an
+    F-ordered (n, n) ``C``, by BLAS ``?syrk`` from scipy's Cython BLAS (the same library
+    scipy.linalg uses), called through ctypes, which releases the GIL during the call, so
+    worker threads overlap. None when that is unavailable (numpy GEMMs are used then)."""
+    try:
+        import ctypes
+
+        from numba.extending import get_cython_function_address
+
+        ptr, ci = ctypes.POINTER, ctypes.c_int
+        out = {}
+        for name, dt, cf in (("dsyrk", "<f8", ctypes.c_double), ("ssyrk", "<f4", ctypes.c_float)):
+            proto = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ptr(ci), ptr(ci),
+                                     ptr(cf), ctypes.c_void_p, ptr(ci), ptr(cf),
+                                     ctypes.c_void_p, ptr(ci))
+            f = proto(get_cython_function_address("scipy.linalg.cython_blas", name))
+
+            def call(Y: np.ndarray, C: np.ndarray, f=f, cf=cf) -> None:
+                n, k = Y.shape
+                nn, kk, one, zero = ci(n), ci(k), cf(1.0), cf(0.0)
+                # Fortran view: A = Y^T is (k, n), lda = k; C = A^T A = Y Y^T (upper)
+                f(b"U", b"T", ctypes.byref(nn), ctypes.byref(kk), ctypes.byref(one),
+                  Y.ctypes.data, ctypes.byref(kk), ctypes.byref(zero), C.ctypes.data,
+                  ctypes.byref(nn))
+
+            out[dt] = call
+        return out
+    except Exception:  # noqa: BLE001 - any failure: the numpy GEMM path
+        return None
 
 
 def _constant(what: str, label: str | None) -> Exception:

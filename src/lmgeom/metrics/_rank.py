@@ -26,7 +26,11 @@ int32 keys ``trunc(2**29 d)`` formed on the frame's Gram matrix and gathered str
 reference's order, sorted by torch's CPU radix sort (4 passes of 8 bits instead of 8) together
 with their positions, which are then the reference positions in the frame's order. Runs of
 equal keys are finished with the exact float64 distances as above, so the ranks, and the
-correlations, are the same as the packed-key path's (tested to 1e-13).
+correlations, are the same as the packed-key path's (tested to 1e-13). Where numba is present,
+the null loop and the sampled/readout correlations go one step further, through the compiled
+kernel of :mod:`~lmgeom.metrics._rank_kernel` (the same keys, its own radix sort, the numerator
+summed exactly in int64); this module's paths remain for what the kernel declines and for
+``LMGEOM_RANK_KERNEL=torch``.
 """
 
 from __future__ import annotations
@@ -361,6 +365,30 @@ class RankReference:
         if idx is None:
             idx = self._order_index = self.order.astype(np.int64)
         return idx
+
+    def positions32(self) -> np.ndarray:
+        """``posf`` as int32 (the compiled kernel's payload; P < 2**31), computed once."""
+        p32 = getattr(self, "_positions32", None)
+        if p32 is None:
+            p32 = self._positions32 = self.posf.astype(np.int32)
+        return p32
+
+    def centred2(self) -> tuple[np.ndarray, np.ndarray]:
+        """For the compiled kernel: twice the centred average rank at each position as int32
+        (integers: ``2 r - P - 1``) and a bitmap (uint8, little bit order) of the positions
+        inside tie groups, where it differs from ``2 t + 1 - P``; both empty when the
+        reference has no ties. Computed once."""
+        c2 = getattr(self, "_centred2", None)
+        if c2 is None:
+            if self.cpos is None:
+                c2 = (np.empty(0, dtype=np.int32), np.empty(0, dtype=np.uint8))
+            else:
+                tied = np.zeros(self.P, dtype=np.uint8)
+                tied[self.tie_pos] = 1
+                c2 = (np.rint(2.0 * self.cpos).astype(np.int32),
+                      np.packbits(tied, bitorder="little"))
+            self._centred2 = c2
+        return c2
 
     def centred_at(self, positions: np.ndarray) -> np.ndarray:
         """Centred average ranks at reference positions."""

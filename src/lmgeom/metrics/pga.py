@@ -479,7 +479,7 @@ def _null_loop(runner: Any, states: list[_Level], lv: CCRLevels, layout: Any, fd
         Yc, PQ = worker.project_batch(be, chunk)
         if keyed:
             return [worker.frame_rhos(be, Yc, PQ, b, k, ms, mt, layout, scales, refs, fos,
-                                      "in a null frame")
+                                      "in a null frame", gidx)
                     for b in range(len(chunk))]
         if hasattr(worker, "spearman_many"):  # torch: one batched sort per level
             cols = []
