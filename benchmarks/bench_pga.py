@@ -8,9 +8,10 @@ in the same run; ``cpu_ratio`` the same with CPU seconds (all threads), which is
 figure when other jobs share the machine. Then: cost vs N at a fixed pair budget (the pair
 work is constant; the per-frame projection X @ Q is O(N d k)), and the exact mode's cost vs k
 and vs n_null at N = 1000, with log-log growth exponents. Null frames are projected in batches
-of 10 frames per GEMM and ranked with one sort of packed 63-bit keys per frame (numpy's or
-torch's sort, whichever this machine runs faster). Last, the ranking floor: one sort of the P keys
-alone, numpy vs torch, which bounds any sort-based null loop from below.
+of 10 frames per GEMM; each frame's Gram matrix (BLAS SYRK) is ranked by the compiled kernel of
+``lmgeom.metrics._rank_kernel`` (int32 keys, LSD radix sort, exact numerator). Last, the ranking
+floor: one sort of the P keys alone (numpy, torch), which bounds any sort-based null loop from
+below, and the kernel's whole per-frame Spearman.
 """
 
 from __future__ import annotations
@@ -174,10 +175,29 @@ def run(profile: str = "quick") -> list[dict]:
     return rows
 
 
+def _kernel_frame(P: int):
+    """One frame's Spearman through the compiled kernel (a distance vector of P values
+    correlated with a random reference), or None without numba."""
+    from lmgeom.metrics._rank import RankReference, Sorter
+    from lmgeom.metrics._rank_kernel import SpearmanKernel, kernel_available
+
+    if not kernel_available():
+        return None
+    rng = np.random.default_rng(1)
+    a = rng.random(P)
+    d = 0.5 * a + 0.5 * rng.random(P)
+    ref = RankReference(a, Sorter(P))
+    kern, iota, fo = SpearmanKernel(P), np.arange(P), ref.order.astype(np.int64)
+    args = (ref.S, d, iota, ref.positions32(), fo, 0.0, 1.0, *ref.centred2())
+    kern.spearman(*args)  # compiled / loaded from numba's cache outside the timing
+    return lambda: kern.spearman(*args)
+
+
 def sort_floor_rows() -> list[dict]:
     """The ranking floor: one sort of P distinct 63-bit keys (what every null frame's Spearman
-    needs) by numpy and by torch (one thread, as inside the null loop), and of P 29-bit int32
-    keys by torch (the exact mode's int32-key path), best of 5, at the pair
+    needs) by numpy and by torch (one thread, as inside the null loop), of P 29-bit int32
+    keys by torch (the torch path), and one frame's whole Spearman through the compiled
+    kernel (what the null loop runs per frame and level), best of 5, at the pair
     counts of analyze's default (N = 512) and of the N = 2000 exact rows; and the backend
     lmgeom measured for this process (``lmgeom.metrics._rank.sort_backend``)."""
     import torch
@@ -195,10 +215,15 @@ def sort_floor_rows() -> list[dict]:
             # the exact mode's int32 distance keys (KeySorter): 29-bit keys, int64 positions
             tk32 = torch.from_numpy((keys >> 33).astype(np.int32))
             times = {}
-            for name, fn in (("numpy ndarray.sort", lambda keys=keys: np.sort(keys)),
-                             ("torch.sort (1 thread)", lambda tk=tk: torch.sort(tk)),
-                             ("torch.sort int32 keys (1 thread; the exact-mode path)",
-                              lambda tk32=tk32: torch.sort(tk32))):
+            fns = [("numpy ndarray.sort", lambda keys=keys: np.sort(keys)),
+                   ("torch.sort (1 thread)", lambda tk=tk: torch.sort(tk)),
+                   ("torch.sort int32 keys (1 thread; the torch path)",
+                    lambda tk32=tk32: torch.sort(tk32))]
+            kern = _kernel_frame(P)
+            if kern is not None:
+                fns.append(("compiled rank kernel: a frame's whole Spearman (keys, radix sort, "
+                            "runs, exact numerator)", kern))
+            for name, fn in fns:
                 best = float("inf")
                 for _ in range(5):
                     t = time.perf_counter()
