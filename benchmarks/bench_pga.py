@@ -221,8 +221,8 @@ def sort_floor_rows() -> list[dict]:
                     lambda tk32=tk32: torch.sort(tk32))]
             kern = _kernel_frame(P)
             if kern is not None:
-                fns.append(("compiled rank kernel: a frame's whole Spearman (keys, radix sort, "
-                            "runs, exact numerator)", kern))
+                fns.append((("compiled rank kernel: a frame's whole Spearman (keys, radix sort, "
+                             "runs, exact numerator)"), kern))
             for name, fn in fns:
                 best = float("inf")
                 for _ in range(5):

@@ -280,7 +280,7 @@ def test_compiled_kernel_gives_the_torch_paths_nulls(dups, pairs, gram, monkeypa
     real = nr.SpearmanKernel.spearman
     monkeypatch.setattr(nr.SpearmanKernel, "spearman",
                         lambda self, *a, **kw: calls.append(1) or real(self, *a, **kw))
-    kw = dict(ccr=(0, 1, 3), n_null=6, seed=4, pairs=pairs, precision="float64")
+    kw = {"ccr": (0, 1, 3), "n_null": 6, "seed": 4, "pairs": pairs, "precision": "float64"}
     fast = M.subspace_pga_levels(X, V, **kw)
     assert len(calls) >= 6 * 3 + 3  # every level of every frame, and the readout rhos
     monkeypatch.setenv("LMGEOM_RANK_KERNEL", "torch")

@@ -203,7 +203,7 @@ class NumpyWorker:
         GEMM per row block on the row-major lower trapezoids. Unique-row layouts get a
         diagonal of exactly 1 (identical rows)."""
         Y = np.ascontiguousarray(Y)
-        n, k = Y.shape
+        n = Y.shape[0]
         syrk = _syrk_functions()
         fn = syrk.get(Y.dtype.str) if syrk else None
         C = self._gsyrk
