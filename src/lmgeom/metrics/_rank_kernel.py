@@ -262,10 +262,10 @@ class SpearmanKernel:
                 (read only inside runs of equal keys).
             cf2: (P,) int32, twice the reference's centred average ranks by position (empty:
                 no ties, ``2 v + 1 - P``).
-            n_tied: the number of set bits of ``tied`` (counted when not given).
             tied: uint8 bitmap (``np.packbits(..., bitorder="little")``, P bits: it stays in L1)
                 of the positions inside the reference's tie groups, where ``cf2`` differs from
                 ``2 v + 1 - P``; ignored when ``cf2`` is empty.
+            n_tied: the number of set bits of ``tied`` (counted when not given).
 
         Returns:
             ``None`` when a key falls out of range (values below 0 or at least 4: the caller
