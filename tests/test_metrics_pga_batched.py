@@ -294,3 +294,25 @@ def test_compiled_kernel_gives_the_torch_paths_nulls(dups, pairs, gram, monkeypa
         np.testing.assert_allclose(fast[m].null, slow[m].null, rtol=0, atol=1e-13)
         assert fast[m].rho_readout == pytest.approx(slow[m].rho_readout, abs=1e-13)
         assert fast[m].z == pytest.approx(slow[m].z, abs=1e-9)
+
+
+def test_float32_near_duplicate_rows_stay_on_the_kernel(monkeypatch):
+    """float32 unit rows of near-duplicates can have cos = 1 + 1 ulp (distance -1.2e-7): the
+    kernel clamps such keys instead of declining, so every level of every frame is ranked
+    by it; z stays within the float32 tolerance of the float64 result."""
+    from lmgeom.metrics import _null_runner as nr
+
+    rng = np.random.default_rng(41)
+    n, d, k = 300, 24, 5
+    X = rng.standard_normal((n, d)) * np.linspace(3, 0.2, d)
+    X[150:] = X[:150] + 1e-5 * rng.standard_normal((150, d))
+    V = M.readout_basis(rng.standard_normal((100, d)), k)
+    got = []
+    real = nr.SpearmanKernel.spearman
+    monkeypatch.setattr(nr.SpearmanKernel, "spearman",
+                        lambda self, *a, **kw: got.append(real(self, *a, **kw)) or got[-1])
+    f32 = M.subspace_pga_levels(X, V, ccr=(0, 1, 3), n_null=6, seed=4, precision="float32")
+    assert len(got) >= 6 * 3 and all(isinstance(r, float) for r in got)
+    f64 = M.subspace_pga_levels(X, V, ccr=(0, 1, 3), n_null=6, seed=4, precision="float64")
+    for m in (0, 1, 3):
+        np.testing.assert_allclose(f32[m].null, f64[m].null, rtol=0, atol=1e-4)

@@ -326,14 +326,38 @@ def test_kernel_reads_scaled_gram_entries_like_the_torch_path():
     assert got == pytest.approx(keyed_rho(a, 1.0 - d), abs=1e-13)
 
 
-def test_kernel_declines_out_of_range_values_and_flags_a_constant_frame():
+def test_kernel_clamps_out_of_range_values_declines_nan_and_flags_a_constant_frame():
+    """Distances below 0 (float32 rows: cos = 1 + 1 ulp) or of 4 and more share the end keys
+    and are ordered by their exact values (same rho as scipy); NaN declines (None)."""
     from lmgeom.metrics._rank_kernel import MAX_PAIRS, SpearmanKernel
 
     a = np.arange(10.0)
     assert kernel_rho(a, np.full(10, 0.25)) == "constant"
-    for bad in (-1e-3, 4.0, np.nan):
+    rng = np.random.default_rng(2)
+    for bad in ([-1e-3, -1.19e-7, -2e-7], [4.0, 7.5, 1e9]):
         d = np.linspace(0.1, 1.0, 10)
-        d[3] = bad
-        assert kernel_rho(a, d) is None  # the caller takes the general path
+        d[[3, 6, 8]] = bad
+        assert kernel_rho(a, d) == pytest.approx(spearmanr(a, d)[0], abs=1e-15)
+        big = rng.random(2000)
+        big[rng.integers(0, 2000, 60)] = rng.choice(bad, 60)  # a run of more than 32
+        ab = rng.random(2000)
+        assert kernel_rho(ab, big) == pytest.approx(spearmanr(ab, big)[0], abs=1e-13)
+    d = np.linspace(0.1, 1.0, 10)
+    d[3] = np.nan
+    assert kernel_rho(a, d) is None  # the caller takes the general path
     with pytest.raises(ValueError, match="pairs"):
         SpearmanKernel(MAX_PAIRS + 1)
+
+
+def test_kernel_self_check_and_switch(monkeypatch):
+    from lmgeom.metrics import _rank_kernel as rk
+
+    assert rk._self_check()
+    rk.kernel_available.cache_clear()
+    monkeypatch.setenv("LMGEOM_RANK_KERNEL", "torch")
+    assert not rk.kernel_available()
+    rk.kernel_available.cache_clear()
+    monkeypatch.delenv("LMGEOM_RANK_KERNEL")
+    monkeypatch.setattr(rk, "_self_check", lambda: 1 / 0)  # a broken numba: torch path
+    assert not rk.kernel_available()
+    rk.kernel_available.cache_clear()

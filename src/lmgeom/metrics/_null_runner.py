@@ -322,7 +322,7 @@ class NumpyWorker:
         """Spearman through the compiled kernel (:mod:`~lmgeom.metrics._rank_kernel`) of the
         frame whose value at pair t is ``c0 + c1 * src[gidx[t]]`` (``gidx`` None: ``src[t]``;
         ``fo = gidx[ref.order]``); ``None`` where the kernel does not apply (no numba, too
-        many pairs, values outside [0, 4))."""
+        many pairs, a NaN)."""
         P = ref.P
         if not self._kernel_applies(P):
             return None

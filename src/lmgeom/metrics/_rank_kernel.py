@@ -20,11 +20,13 @@ few compiled passes that release the GIL (so the null loop's worker threads run 
 
 The result is independent of summation order and BLAS; it equals the torch path's to ~1e-16
 in rho (tests: ``scipy.stats.spearmanr``, the 63-bit packed keys, the torch path in the null
-loop). Values outside [0, 4) or NaN make it decline (``None``), so the caller falls back.
+loop). Values below 0 or of 4 and more are clamped to the end keys (still exact: those runs are
+ordered by their values); a NaN makes it decline (``None``), so the caller falls back.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from functools import lru_cache
@@ -32,6 +34,8 @@ from functools import lru_cache
 import numpy as np
 
 __all__ = ["MAX_PAIRS", "SpearmanKernel", "kernel_available"]
+
+log = logging.getLogger(__name__)
 
 #: the int64 numerator is exact below this many pairs (n <= 2048 rows)
 MAX_PAIRS = (1 << 21) - 1
@@ -41,15 +45,36 @@ _CONSTANT = 2
 
 @lru_cache(maxsize=1)
 def kernel_available() -> bool:
-    """Whether numba is importable and ``LMGEOM_RANK_KERNEL`` is not ``torch`` (which keeps
-    the torch-sort path, e.g. to compare the two)."""
+    """Whether the compiled kernel is used: numba imports and compiles it (checked once, on a
+    small known case), and ``LMGEOM_RANK_KERNEL`` is not ``torch`` (which keeps the torch-sort
+    path, e.g. to compare the two)."""
     if os.environ.get("LMGEOM_RANK_KERNEL", "").strip().lower() in ("torch", "off", "0"):
         return False
     try:
         import numba  # noqa: F401
     except ImportError:  # pragma: no cover - numba is a dependency
         return False
-    return True
+    try:
+        ok = _self_check()
+    except Exception as exc:  # noqa: BLE001 - a broken numba/LLVM: the torch path
+        log.warning("compiled rank kernel unavailable (%s: %s); ranking with torch's sort",
+                    type(exc).__name__, exc)
+        return False
+    if not ok:  # pragma: no cover - would be a kernel bug
+        log.warning("compiled rank kernel failed its self-check; ranking with torch's sort")
+    return ok
+
+
+def _self_check() -> bool:
+    """Spearman of (0.1, 0.3, 0.2, 0.2) against (1, 2, 3, 4) is 1 / sqrt(10): average ranks
+    (1, 4, 2.5, 2.5), centred sums 1.5 / sqrt(5 * 4.5)."""
+    kern = SpearmanKernel(4)
+    P = 4
+    posf = np.arange(P, dtype=np.int32)
+    S_ref = P * (P * P - 1) / 12.0
+    rho = kern.spearman(S_ref, np.array([0.1, 0.3, 0.2, 0.2]), np.arange(P), posf,
+                        np.arange(P), 0.0, 1.0, np.empty(0, np.int32), np.empty(0, np.uint8))
+    return isinstance(rho, float) and abs(rho - 1.0 / math.sqrt(10.0)) < 1e-15
 
 
 def _make_pass(jit, shift: int, mask: int):
@@ -77,13 +102,19 @@ def _compiled():
     @jit
     def keys_pass(src, gidx, posf, c0, c1, keys, vals):
         # keys of the values src[gidx[t]] in the pairs' own order (streaming reads) with their
-        # reference positions as payload; False on a key out of range (or NaN)
+        # reference positions as payload; False on NaN
+        # values below 0 (float32 rows: cos 1 + 1 ulp) get key 0, values of 4 or more the top
+        # key: clamping keeps the keys monotone, and those runs are ordered by exact values
         ok = True
         for t in range(gidx.size):
             y = (c0 + c1 * np.float64(src[gidx[t]])) * 536870912.0
             if y > -1.0 and y < 2147483648.0:
                 keys[t] = np.int32(y)  # truncation toward zero, as numpy's unsafe cast
-            else:  # also NaN
+            elif y <= -1.0:
+                keys[t] = 0
+            elif y >= 2147483648.0:
+                keys[t] = 2147483647
+            else:  # NaN: no order
                 keys[t] = 0
                 ok = False
             vals[t] = posf[t]
@@ -268,8 +299,9 @@ class SpearmanKernel:
             n_tied: the number of set bits of ``tied`` (counted when not given).
 
         Returns:
-            ``None`` when a key falls out of range (values below 0 or at least 4: the caller
-            takes the general path), ``"constant"`` when the values are all equal.
+            ``None`` when a value is NaN (the caller takes the general path), ``"constant"``
+            when the values are all equal. Values below 0 or of 4 and more share the lowest /
+            highest key and are ordered exactly like any run.
         """
         keys_pass, hist3, hist4, offsets, passes3, passes4, plain_sum, fix_runs = _compiled()
         kA, kB, vA, vB, hist = self.kA, self.kB, self.vA, self.vB, self.hist
@@ -309,5 +341,5 @@ class SpearmanKernel:
             return got
         num, ties = got
         P = self.P
-        S = P * (P * P - 1.0) / 12.0 - ties / 12.0
+        S = (P * (P * P - 1) - ties) / 12.0  # exact integers: no cancellation with big ties
         return (num / 4.0) / math.sqrt(S_ref * S)
