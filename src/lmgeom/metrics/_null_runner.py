@@ -173,16 +173,14 @@ class NumpyWorker:
           exactly;
         * else one GEMM per row block of the rows pre-scaled by ``-2**29`` (exact: a power of
           two) fills the lower trapezoids of ``G' = -2**29 cos``, one pass turns each into
-          int32 keys ``trunc(2**29 + G')`` while it is in cache, the keys are gathered into the reference's order
-          (``fos[j]`` = the Gram index of each reference position) and sorted by torch.
+          int32 keys ``trunc(2**29 + G')`` while it is in cache, the keys are gathered into
+          the reference's order (``fos[j]`` = the Gram index of each reference position) and
+          sorted by torch.
 
         Runs of equal keys are finished with the exact distances ``fl(1 - cos)`` either way
-        (``1 + G'/2**29`` is the same float). A :class:`WeightedReference` (many duplicate rows) reads each distinct Gram
-        entry once (``fos[j]`` its entries; torch path)."""
+        (``1 + G'/2**29`` is the same float). A :class:`WeightedReference` (many duplicate
+        rows) reads each distinct Gram entry once (``fos[j]`` its entries; torch path)."""
         Ys = self._unit_levels(be, Yc, PQ, b, k, ms, mt, scales, what)
-        n_g = layout.n_unique if layout.pair_map is not None else layout.n
-        gdt = Ys[0].dtype
-        neg = gdt.type(-KEY_SCALE)
         rhos = []
         for Y, ref, fo in zip(Ys, refs, fos):
             rho = None
@@ -191,7 +189,7 @@ class NumpyWorker:
                 cos = self._kernel_gram(Y, layout)  # distance fl(1 - cos): c0 = 1, c1 = -1
                 rho = self._kernel_spearman(ref, cos, gidx, fo, 1.0, -1.0, what)
             if rho is None:
-                rho = self._torch_keyed_rho(Y, ref, fo, layout, n_g, neg, what)
+                rho = self._torch_keyed_rho(Y, ref, fo, layout, what)
             rhos.append(rho)
         return rhos
 
@@ -221,9 +219,11 @@ class NumpyWorker:
         return flat
 
     def _torch_keyed_rho(self, Y: np.ndarray, ref: RankReference | WeightedReference,
-                         fo: np.ndarray, layout: Layout, n_g: int, neg: Any, what: str) -> float:
-        """One level of :meth:`frame_rhos` through int32 keys and torch's sort."""
-        gdt = Y.dtype
+                         fo: np.ndarray, layout: Layout, what: str) -> float:
+        """One level of :meth:`frame_rhos` through int32 keys and torch's sort (``Y``: the
+        level's unit rows, one per row of the Gram matrix)."""
+        n_g, gdt = Y.shape[0], Y.dtype
+        neg = gdt.type(-KEY_SCALE)
         if self._gfull.shape[0] != n_g or self._gfull.dtype != gdt:
             self._gfull = np.empty((n_g, n_g), dtype=gdt)
             self._kfull = np.empty((n_g, n_g), dtype=np.int32)
@@ -306,9 +306,8 @@ class NumpyWorker:
                 rho = self._kernel_spearman(ref, d, None, ref.order_index(), 0.0, 1.0, what)
                 if rho is not None:
                     return rho
-            if (keyed_available() and d.dtype == np.float64 and d.size == ref.P
-                    and ref.P < (1 << 31)):
-                return self._keyed_spearman(ref, d)
+                if keyed_available() and ref.P < (1 << 31):
+                    return self._keyed_spearman(ref, d)
             return spearman_to_reference(ref, d, self.sorter)
         except ConstantVectorError:
             raise _constant(what, self.label) from None

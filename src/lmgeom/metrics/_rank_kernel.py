@@ -120,6 +120,8 @@ def _compiled():
             vals[t] = posf[t]
         return ok
 
+    # the digit histograms of the two radix layouts, written out with literal shifts and
+    # masks: a loop over the digits with runtime shifts measured several times slower
     @jit
     def hist3(keys, hist):
         hist[:] = 0

@@ -459,8 +459,8 @@ def _null_loop(runner: Any, states: list[_Level], lv: CCRLevels, layout: Any, fd
                    and 8 * layout.n_pairs * len(states) <= _LEVEL_BUFFER_BYTES)
 
     # the int32-key path (NumpyWorker.frame_rhos): exact layouts reading one square Gram
-    # matrix, torch's radix sort, and one float64 Gram matrix + an int32 key matrix per
-    # worker within _KEYED_GRAM_BYTES
+    # matrix, ranked by the compiled kernel (else torch's radix sort), with one float64 Gram
+    # matrix + an int32 key matrix per worker within _KEYED_GRAM_BYTES
     gidx = gram_index(layout) if hasattr(w0, "frame_rhos") else None
     n_g = layout.n_unique if layout.pair_map is not None else layout.n
     keyed = (gidx is not None and keyed_available()
