@@ -263,7 +263,7 @@ def test_error_bad_jsonl_line(tmp_path):
     _one_line(e)
     q = tmp_path / "arr.jsonl"
     q.write_text('{"text": "a"}\n[1, 2]\n')
-    with pytest.raises(TextsError, match="line 2 is a JSON list"):
+    with pytest.raises(TextsError, match="line 2 is a JSON array"):
         load_texts(q)
 
 
@@ -280,7 +280,7 @@ def test_error_missing_columns(tmp_path):
         load_texts(p, text_column="body", label_column="label")
     q = tmp_path / "num.jsonl"
     q.write_text('{"text": 5}\n')
-    with pytest.raises(TextsError, match="holds a int in line 1"):
+    with pytest.raises(TextsError, match="holds a number in line 1"):
         load_texts(q)
     r = tmp_path / "lab.jsonl"
     r.write_text('{"text": "a", "label": "x"}\n{"text": "b"}\n')

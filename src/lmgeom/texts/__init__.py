@@ -10,6 +10,9 @@ Sources (``spec`` strings for :func:`load_texts`)::
                                optional label column ("label")
     hf:NAME[:CONFIG][:SPLIT]   a Hugging Face dataset (needs ``datasets`` and a reachable hub)
 
+Text files are UTF-8 (BOM or not), or UTF-16/32 with a BOM or mostly ASCII; CSV/TSV rows must
+have as many fields as the header. Anything else is refused with a one-line ``TextsError``.
+
 Example::
 
     from lmgeom.texts import load_texts

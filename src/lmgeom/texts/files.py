@@ -2,51 +2,236 @@
 
 Every loader returns a :class:`~lmgeom.texts.TextSet`; ids are the record's 0-based position in
 the file (before empty texts are dropped) unless the file has an ``id`` column.
+
+Text files are read as UTF-8 (a byte-order mark is stripped). UTF-16 and UTF-32 (either byte
+order) are decoded when the file starts with their byte-order mark, or, without one, when the
+NUL-byte pattern of mostly-ASCII UTF-16/32 text makes the encoding unambiguous. Anything else
+that is not UTF-8, holds NUL bytes (a binary file), or does not parse ends in a one-line
+:class:`~lmgeom.errors.TextsError` naming the file and what to do.
 """
 
 from __future__ import annotations
 
+import csv
+import errno
 import io
 import json
+import logging
 import math
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from ..errors import TextsError
 from .textset import TextSet, make_textset
 
-__all__ = ["SUPPORTED_EXTENSIONS", "load_file", "read_utf8"]
+__all__ = ["SUPPORTED_EXTENSIONS", "decode_text", "load_file", "read_text_file", "read_utf8"]
+
+log = logging.getLogger(__name__)
 
 #: File name endings :func:`load_file` understands.
 SUPPORTED_EXTENSIONS: tuple[str, ...] = (".txt", ".jsonl", ".ndjson", ".csv", ".tsv", ".parquet")
 TXT_SPLITS = ("lines", "paragraphs")
 
+# Longest first: the UTF-32-LE mark starts with the UTF-16-LE one.
+_BOMS: tuple[tuple[bytes, str], ...] = (
+    (b"\x00\x00\xfe\xff", "utf-32-be"),
+    (b"\xff\xfe\x00\x00", "utf-32-le"),
+    (b"\xef\xbb\xbf", "utf-8"),
+    (b"\xfe\xff", "utf-16-be"),
+    (b"\xff\xfe", "utf-16-le"),
+)
+_SNIFF_BYTES = 1 << 16
+_RESAVE = "re-save the file as UTF-8"
 
-def read_utf8(path: Path) -> str:
-    """Read ``path`` as UTF-8 (a BOM is accepted).
+
+def _zero_fraction(sample: bytes, start: int, step: int) -> float:
+    part = sample[start::step]
+    return part.count(0) / len(part) if part else 0.0
+
+
+def _sniff_wide(data: bytes) -> str | None:
+    """UTF-16/32 without a byte-order mark, when the NUL-byte pattern is unambiguous.
+
+    Mostly-ASCII UTF-32 text has three NUL bytes per character (the top one always NUL), and
+    mostly-ASCII UTF-16 text has NUL bytes in one byte position only; UTF-8 text has none. The
+    caller still decodes strictly, so a wrong guess ends in an error, not in garbage.
+    """
+    if len(data) >= 4 and len(data) % 4 == 0:
+        sample = data[: _SNIFF_BYTES - _SNIFF_BYTES % 4]
+        z = [_zero_fraction(sample, k, 4) for k in range(4)]
+        if z[3] == 1.0 and z[2] >= 0.9 and z[0] < 0.1:
+            return "utf-32-le"
+        if z[0] == 1.0 and z[1] >= 0.9 and z[3] < 0.1:
+            return "utf-32-be"
+    if len(data) >= 2 and len(data) % 2 == 0:
+        sample = data[:_SNIFF_BYTES]
+        even, odd = _zero_fraction(sample, 0, 2), _zero_fraction(sample, 1, 2)
+        if odd >= 0.3 and even < 0.05:
+            return "utf-16-le"
+        if even >= 0.3 and odd < 0.05:
+            return "utf-16-be"
+    return None
+
+
+def _nul_error(name: Any, data: bytes, text: str | None = None, encoding: str = "") -> TextsError:
+    if text is not None:  # decoded fine, but holds NUL characters
+        first = text.index("\x00")
+        return TextsError(
+            f"{name} ({encoding}) contains NUL characters (first at character {first}); it is "
+            "not plain text: remove them or give a text file"
+        )
+    n = data.count(0)
+    kind = "looks like a binary file, not text" if n * 2 >= len(data) else "is not plain text"
+    return TextsError(
+        f"{name} contains NUL bytes ({n:,} of {len(data):,} bytes, first at byte offset "
+        f"{data.index(0)}); it {kind}: give a UTF-8 text file "
+        "(UTF-16/32 text: re-save it as UTF-8 or with a byte-order mark)"
+    )
+
+
+def decode_text(data: bytes, name: Any) -> str:
+    """Decode the bytes of a text file (see the module docstring for the encodings).
+
+    Args:
+        data: the file's bytes.
+        name: the file (or other input) named in error messages.
+
+    Returns:
+        The text, without a byte-order mark; ``""`` for an empty file or a lone mark.
 
     Raises:
-        TextsError: the bytes are not valid UTF-8 (names the file and the byte offset).
+        TextsError: not valid UTF-8 (names the byte and its offset), not valid in the encoding
+            its byte-order mark or NUL pattern announces, or holds NUL bytes.
     """
-    data = path.read_bytes()
+    encoding, skip, how = "utf-8", 0, ""
+    for bom, enc in _BOMS:
+        if data.startswith(bom):
+            encoding, skip, how = enc, len(bom), "byte-order mark"
+            break
+    else:
+        if b"\x00" in data:
+            sniffed = _sniff_wide(data)
+            if sniffed is None:
+                raise _nul_error(name, data)
+            encoding, how = sniffed, "NUL-byte pattern, no byte-order mark"
+    label = encoding.upper()
     try:
-        return data.decode("utf-8-sig")
+        text = data[skip:].decode(encoding)
     except UnicodeDecodeError as exc:
-        offset = exc.start
+        offset = skip + exc.start
+        if encoding == "utf-8":
+            raise TextsError(
+                f"{name} is not valid UTF-8: byte 0x{data[offset]:02x} at byte offset {offset} "
+                f"({exc.reason}); {_RESAVE}"
+            ) from None
         raise TextsError(
-            f"{path} is not valid UTF-8: byte 0x{data[offset]:02x} at byte offset {offset} "
-            f"({exc.reason}); re-save the file as UTF-8"
+            f"{name} looks like {label} text ({how}) but is not valid {label} at byte offset "
+            f"{offset} ({exc.reason}); {_RESAVE}"
         ) from None
+    if "\x00" in text:
+        if encoding == "utf-8":
+            raise _nul_error(name, data)
+        raise _nul_error(name, data, text, label)
+    if how:
+        log.info("%s: decoded as %s (%s)", name, label, how)
+    return text
+
+
+def _check_path(p: Path) -> None:
+    """The path names a readable regular file; else a one-line TextsError saying why not."""
+    exts = "/".join(SUPPORTED_EXTENSIONS)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        if os.path.islink(p):
+            raise TextsError(
+                f"{p} is a symbolic link to {os.readlink(p)!r}, which does not exist; fix the "
+                "link or give the file itself"
+            ) from None
+        raise TextsError(
+            f"no such file: {p}; give a path to an existing {exts} file, builtin:NAME, or hf:NAME"
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise TextsError(
+                f"{p} is a symbolic link that loops back on itself; give the file itself"
+            ) from None
+        raise TextsError(
+            f"cannot access {p}: {exc.strerror or exc}; check the path and its folders' permissions"
+        ) from None
+    except ValueError:  # an embedded NUL character
+        raise TextsError(
+            f"{str(p)!r} is not a usable path (it contains a NUL character); give a file path"
+        ) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise TextsError(f"{p} is a directory; give a file ({exts})")
+    if not stat.S_ISREG(st.st_mode):
+        raise TextsError(
+            f"{p} is not a regular file (a device, pipe or socket); save the texts to a "
+            f"{exts} file and give that"
+        )
+
+
+def _read_bytes(p: Path) -> bytes:
+    try:
+        return p.read_bytes()
+    except OSError as exc:
+        raise TextsError(
+            f"{p} cannot be read: {exc.strerror or exc}; check its permissions or give a "
+            "readable copy"
+        ) from None
+
+
+def read_text_file(path: Path, *, allow_empty: bool = True) -> str:
+    """Read and decode a text file (:func:`decode_text`); line endings are left as they are.
+
+    Args:
+        path: the file.
+        allow_empty: ``False``: an empty file (or one holding only a byte-order mark) is an
+            error.
+
+    Raises:
+        TextsError: the file cannot be read or decoded (or is empty, see ``allow_empty``).
+    """
+    data = _read_bytes(path)
+    text = decode_text(data, path)
+    if not text and not allow_empty:
+        raise TextsError(
+            f"{path} is empty ({'only a byte-order mark' if data else '0 bytes'}); give a file "
+            "with at least one text"
+        )
+    return text
+
+
+#: Old name of :func:`read_text_file` (it now also reads UTF-16/32).
+read_utf8 = read_text_file
+
+
+def _normalise_newlines(text: str) -> str:
+    """``\\r\\n`` and lone ``\\r`` → ``\\n`` (Windows and old Mac line endings, also mixed)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _is_missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
+def _is_blank_label(v: Any) -> bool:
+    """Missing, empty, or the NaN a spreadsheet or pandas wrote as text."""
+    return _is_missing(v) or (isinstance(v, str) and (not v.strip() or v.strip().lower() == "nan"))
+
+
+def _scalar_str(v: Any) -> str:
+    """A label or id as a string; integral floats (from NaN-holed int columns) without ``.0``."""
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
 def _pick_columns(
     columns: list[str],
     string_columns: list[str],
-    path: Path,
+    path: Any,
     text_column: str | None,
     label_column: str | None,
 ) -> tuple[str, str | None]:
@@ -68,6 +253,12 @@ def _pick_columns(
                 f"choose from; pass text_column= (--text-column); available columns: {listing}"
             )
         tcol = candidates[0]
+        log.warning(
+            "%s: no 'text' column; reading the texts from column %r, the only string column "
+            "besides 'id' and the labels (pass --text-column / text_column= to choose another)",
+            path,
+            tcol,
+        )
     if label_column is not None:
         if label_column not in columns:
             raise TextsError(
@@ -79,8 +270,65 @@ def _pick_columns(
     return tcol, lcol
 
 
+def _more(n: int, what: str) -> str:
+    return f" and {n} more {what}" if n > 0 else ""
+
+
+def _ids_from_column(path: Any, raw: list[Any], kept: list[int], row_name: Any) -> list[str]:
+    """The ``id`` column as strings; every kept row needs one, and no two the same."""
+    fix = "rename the 'id' column (e.g. to 'doc_id') to number the texts by position instead"
+    blank = [i for i in kept if _is_missing(raw[i]) or not str(raw[i]).strip()]
+    if blank:
+        raise TextsError(
+            f"{path}: column 'id' is empty in {row_name(blank[0])}"
+            f"{_more(len(blank) - 1, 'rows')}; fill in the ids or {fix}"
+        )
+    bad = next((i for i in kept if isinstance(raw[i], (list, dict, tuple))), None)
+    if bad is not None:
+        raise TextsError(
+            f"{path}: column 'id' holds {_a(_json_type(raw[bad]))} in {row_name(bad)}; ids must "
+            f"be strings or numbers: fix them or {fix}"
+        )
+    ids = [_scalar_str(v) for v in raw]
+    where: dict[str, list[int]] = {}
+    for i in kept:
+        where.setdefault(ids[i], []).append(i)
+    dups = [(k, rows) for k, rows in where.items() if len(rows) > 1]
+    if dups:
+        shown = "; ".join(
+            f"{k!r} in {', '.join(row_name(i) for i in rows[:3])}{_more(len(rows) - 3, 'rows')}"
+            for k, rows in dups[:3]
+        )
+        raise TextsError(
+            f"{path}: column 'id' has duplicate ids: {shown}{_more(len(dups) - 3, 'repeated ids')}"
+            f"; ids must be unique: drop the duplicate rows, or {fix}"
+        )
+    return ids
+
+
+def _a(word: str) -> str:
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
+
+
+def _json_type(v: Any) -> str:
+    """The JSON name of a decoded value's type (``null``, ``number``, ``array``, ...)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, (list, tuple)):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return type(v).__name__
+
+
 def _from_records(
-    path: Path,
+    path: Any,
     columns: list[str],
     string_columns: list[str],
     get: Any,
@@ -93,34 +341,40 @@ def _from_records(
     """Shared column logic for table-like files. ``get(col)`` returns the column's values."""
     tcol, lcol = _pick_columns(columns, string_columns, path, text_column, label_column)
     texts = list(get(tcol))
+    listing = ", ".join(repr(c) for c in columns)
+    for i, t in enumerate(texts):
+        if not _is_missing(t) and not isinstance(t, str):
+            raise TextsError(
+                f"{path}: column {tcol!r} holds {_a(_json_type(t))} in {row_name(i)}, not text; "
+                f"pass text_column= (--text-column) naming a column of strings; available "
+                f"columns: {listing}"
+            )
+    # rows whose text is empty are dropped anyway; only complain about ids/labels of kept rows
+    kept = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
     ids: list[str]
     if "id" in columns and tcol != "id":
-        ids = [str(v) for v in get("id")]
+        ids = _ids_from_column(path, list(get("id")), kept, row_name)
     else:
         ids = [str(i) for i in range(n)]
     labels = None
     if lcol is not None:
         raw = list(get(lcol))
-        missing = [
-            i for i, v in enumerate(raw) if _is_missing(v) or (isinstance(v, str) and not v.strip())
-        ]
-        # rows whose text is empty are dropped anyway; only complain about kept rows
-        missing = [i for i in missing if isinstance(texts[i], str) and texts[i].strip()]
+        missing = [i for i in kept if _is_blank_label(raw[i])]
         if missing:
             raise TextsError(
                 f"{path}: label column {lcol!r} is empty in {row_name(missing[0])}"
-                f"{f' and {len(missing) - 1} more rows' if len(missing) > 1 else ''}; "
-                "fill it in or load without labels (label_column=None and no 'label' column)"
+                f"{_more(len(missing) - 1, 'rows')}; fill it in or load without labels "
+                "(label_column=None and no 'label' column)"
             )
-        labels = [str(int(v)) if isinstance(v, float) and v.is_integer() else str(v) for v in raw]
-    what = f"{path} (column {tcol!r})"
-    for i, t in enumerate(texts):
-        if not _is_missing(t) and not isinstance(t, str):
+        bad = next((i for i in kept if isinstance(raw[i], (list, dict, tuple))), None)
+        if bad is not None:
             raise TextsError(
-                f"{path}: column {tcol!r} holds a {type(t).__name__} in {row_name(i)}, not text; "
-                f"pass text_column= naming a column of strings; available columns: "
-                + ", ".join(repr(c) for c in columns)
+                f"{path}: label column {lcol!r} holds {_a(_json_type(raw[bad]))} in "
+                f"{row_name(bad)}; labels must be strings or numbers: fix the column or pass "
+                f"label_column= (--label-column) naming another; available columns: {listing}"
             )
+        labels = [_scalar_str(v) for v in raw]
+    what = f"{path} (column {tcol!r})"
     return make_textset(ids, texts, labels, source, what=what)
 
 
@@ -130,7 +384,7 @@ def _load_txt(path: Path, split: str | None, source: str) -> TextSet:
         raise TextsError(
             f"split={split!r} is not a way to split a .txt file; use one of {', '.join(TXT_SPLITS)}"
         )
-    content = read_utf8(path).replace("\r\n", "\n").replace("\r", "\n")
+    content = _normalise_newlines(read_text_file(path, allow_empty=False))
     if split == "lines":
         items = content.split("\n")
         if items and items[-1] == "":
@@ -154,10 +408,12 @@ def _load_txt(path: Path, split: str | None, source: str) -> TextSet:
 def _load_jsonl(
     path: Path, text_column: str | None, label_column: str | None, source: str
 ) -> TextSet:
-    content = read_utf8(path)
+    # split on line breaks only: str.splitlines() would also split inside JSON strings that
+    # hold U+2028, U+0085, form feeds, ... (valid unescaped in JSON)
+    content = _normalise_newlines(read_text_file(path, allow_empty=False))
     records: list[dict[str, Any]] = []
     line_of: list[int] = []
-    for lineno, line in enumerate(content.splitlines(), start=1):
+    for lineno, line in enumerate(content.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -167,11 +423,16 @@ def _load_jsonl(
                 f"{path}: line {lineno} is not valid JSON ({exc.msg} at column {exc.colno}); "
                 "each line of a .jsonl file must be one JSON object"
             ) from None
+        except RecursionError:
+            raise TextsError(
+                f"{path}: line {lineno} nests JSON too deeply to read; each line of a .jsonl "
+                'file must be one flat JSON object, e.g. {"text": "...", "label": "..."}'
+            ) from None
         if isinstance(obj, str):
             obj = {"text": obj}
         if not isinstance(obj, dict):
             raise TextsError(
-                f"{path}: line {lineno} is a JSON {type(obj).__name__}, not an object; "
+                f"{path}: line {lineno} is {_a('JSON ' + _json_type(obj))}, not an object; "
                 'write one object per line, e.g. {"text": "...", "label": "..."}'
             )
         records.append(obj)
@@ -208,15 +469,156 @@ def _load_jsonl(
     )
 
 
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _load_delimited(
+    path: Path, sep: str, text_column: str | None, label_column: str | None, source: str
+) -> TextSet:
+    """A ``.csv``/``.tsv`` file: a header row, then rows of exactly as many fields.
+
+    Read with :mod:`csv` (RFC 4180 quoting, strict), never with an implicit index column: a row
+    with more or fewer fields than the header is refused with its line number instead of
+    shifting its fields into an index. A blank line is an empty text (dropped and counted).
+    """
+    kind = "TSV" if sep == "\t" else "CSV"
+    sep_name = "a tab" if sep == "\t" else "','"
+    content = _normalise_newlines(read_text_file(path, allow_empty=False))
+    old_limit = csv.field_size_limit()
+    csv.field_size_limit(max(old_limit, len(content) + 1))  # a very long field is still one
+    header: list[str] | None = None
+    rows: list[list[str]] = []
+    line_of: list[int] = []
+    reader = csv.reader(io.StringIO(content, newline=""), delimiter=sep, strict=True)
+    start = 1
+    try:
+        while True:
+            start = reader.line_num + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            if header is None:
+                if not "".join(row).strip():
+                    raise TextsError(
+                        f"{path}: line {start} is blank; a {kind} file starts with a header "
+                        f"row naming its columns (e.g. text{sep}label)"
+                    )
+                other = next((s for s in (",", "\t", ";") if s != sep and s in row[0]), None)
+                if len(row) == 1 and other is not None:
+                    suggest = {",": "name it .csv", "\t": "name it .tsv"}.get(
+                        other, f"save it with {sep_name} between fields"
+                    )
+                    raise TextsError(
+                        f"{path}: the header (line {start}) is one column named {row[0]!r}; "
+                        f"the file seems to separate fields with {other!r}, not {sep_name}: "
+                        f"{suggest}"
+                    )
+                header = [c if c else f"Unnamed: {k}" for k, c in enumerate(row)]
+                dup = next((c for k, c in enumerate(header) if c in header[:k]), None)
+                if dup is not None:
+                    raise TextsError(
+                        f"{path}: the header (line {start}) names column {dup!r} twice; give "
+                        "every column a distinct name"
+                    )
+                continue
+            if len(row) != len(header):
+                if len(row) <= 1 and not "".join(row).strip():
+                    row = [""] * len(header)  # a blank line: an empty text
+                else:
+                    raise TextsError(
+                        f"{path}: line {start} has {len(row)} fields but the header has "
+                        f"{len(header)} ({', '.join(repr(c) for c in header)}); quote fields "
+                        f'that contain {sep_name}, a quote or a line break ("like, this"), '
+                        "or fix the header"
+                    )
+            rows.append(row)
+            line_of.append(start)
+    except csv.Error as exc:
+        raise TextsError(
+            f"{path}: line {start} is not valid {kind} ({exc}); a field holding a quote, "
+            f"{sep_name} or a line break must be wrapped in double quotes, with inner quotes "
+            'doubled ("say ""hi""")'
+        ) from None
+    finally:
+        csv.field_size_limit(old_limit)
+    if header is None:
+        raise TextsError(
+            f"{path} is empty; give a {kind} file with a header row (e.g. text{sep}label) and "
+            "one row per text"
+        )
+    columns = header
+    string_columns = [
+        c for k, c in enumerate(columns) if any(r[k].strip() and not _is_number(r[k]) for r in rows)
+    ]
+
+    def get(col: str) -> list[Any]:
+        k = columns.index(col)
+        return [r[k] for r in rows]
+
+    if not rows:
+        raise TextsError(
+            f"{path} has only a header row ({', '.join(repr(c) for c in columns)}) and no "
+            "texts; give a corpus with at least one row"
+        )
+    return _from_records(
+        path,
+        columns,
+        string_columns,
+        get,
+        len(rows),
+        text_column,
+        label_column,
+        source,
+        lambda i: f"line {line_of[i]}",
+    )
+
+
+def _load_parquet(
+    path: Path, text_column: str | None, label_column: str | None, source: str
+) -> TextSet:
+    data = _read_bytes(path)
+    if not data:
+        raise TextsError(f"{path} is empty (0 bytes), not a Parquet file; give a Parquet file")
+    import pandas as pd
+
+    try:
+        frame = pd.read_parquet(io.BytesIO(data))
+    except ImportError as exc:
+        raise TextsError(
+            f"reading {path} needs a Parquet engine ({exc}); pip install pyarrow, or save the "
+            "texts as .jsonl/.csv"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, TypeError...
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise TextsError(
+            f"{path} could not be read as Parquet ({type(exc).__name__}: {first}); give a "
+            "Parquet file (or a .txt/.jsonl/.csv file with that extension)"
+        ) from None
+    if any(name is not None for name in frame.index.names):  # a named index (e.g. "id"): a column
+        frame = frame.reset_index()
+    return frame_to_textset(path, frame, text_column, label_column, source, lambda i: f"row {i}")
+
+
 def frame_to_textset(
-    path: Path,
+    path: Any,
     frame: Any,
     text_column: str | None,
     label_column: str | None,
     source: str,
     row_name: Any,
 ) -> TextSet:
+    """A TextSet from a ``pandas.DataFrame`` (Parquet files, Hugging Face datasets)."""
     columns = [str(c) for c in frame.columns]
+    dup = next((c for k, c in enumerate(columns) if c in columns[:k]), None)
+    if dup is not None:
+        raise TextsError(f"{path}: column {dup!r} occurs twice; give every column a distinct name")
+    frame = frame.copy()
     frame.columns = columns
     string_columns = []
     for c in columns:
@@ -252,28 +654,34 @@ def load_file(
     * ``.txt``: one text per non-empty line (``split="lines"``, the default) or per block of
       lines separated by blank lines (``split="paragraphs"``).
     * ``.jsonl`` / ``.ndjson``: one JSON object per line.
-    * ``.csv`` / ``.tsv`` (UTF-8, header row) and ``.parquet``.
+    * ``.csv`` / ``.tsv`` (header row, every row as many fields as the header) and ``.parquet``.
+
+    Text files may be UTF-8 (with or without a BOM), or UTF-16/32 with a BOM or mostly ASCII;
+    ``\\r\\n`` and ``\\r`` line endings are read as ``\\n``.
 
     For table-like files the text column is ``text_column``, else ``text``, else the only
-    string column; the label column is ``label_column``, else ``label`` if present. An ``id``
-    column, if present, supplies the ids.
+    string column (a warning names it); the label column is ``label_column``, else ``label`` if
+    present. An ``id`` column, if present, supplies the ids (they must be unique).
 
     Raises:
-        TextsError: missing file, unsupported extension, invalid UTF-8 or JSON, missing
-            column, or no non-empty texts.
+        TextsError: missing or unreadable file, unsupported extension, undecodable text or a
+            binary file, invalid JSON/CSV (names the line), missing column, duplicate ids, or no
+            non-empty texts.
     """
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise TextsError(
-            f"no such file: {p}; give a path to an existing "
-            f"{'/'.join(SUPPORTED_EXTENSIONS)} file, builtin:NAME, or hf:NAME"
-        )
-    if p.is_dir():
-        raise TextsError(f"{p} is a directory; give a file ({'/'.join(SUPPORTED_EXTENSIONS)})")
+    try:
+        p = Path(path).expanduser()
+    except RuntimeError:  # "~user/..." for an unknown user
+        p = Path(path)
     ext = p.suffix.lower()
+    _check_path(p)
     if ext not in SUPPORTED_EXTENSIONS:
+        hint = (
+            " (a .json file: write one object per line and name it .jsonl)"
+            if ext == ".json"
+            else ""
+        )
         raise TextsError(
-            f"{p}: unsupported file type {ext or '(no extension)'!r}; supported: "
+            f"{p}: unsupported file type {ext or '(no extension)'!r}{hint}; supported: "
             f"{', '.join(SUPPORTED_EXTENSIONS)} (or builtin:NAME / hf:NAME)"
         )
     source = f"file:{p}"
@@ -287,25 +695,6 @@ def load_file(
         return _load_txt(p, split, source)
     if ext in (".jsonl", ".ndjson"):
         return _load_jsonl(p, text_column, label_column, source)
-    import pandas as pd
-
     if ext in (".csv", ".tsv"):
-        content = read_utf8(p)
-        try:
-            frame = pd.read_csv(
-                io.StringIO(content),
-                sep="\t" if ext == ".tsv" else ",",
-                keep_default_na=False,
-                na_values=[],
-                skip_blank_lines=False,  # a blank line is an empty text: dropped and counted
-            )
-        except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-            raise TextsError(f"{p} could not be parsed as {ext[1:].upper()}: {exc}") from None
-        return frame_to_textset(
-            p, frame, text_column, label_column, source, lambda i: f"data row {i + 1}"
-        )
-    try:
-        frame = pd.read_parquet(p)
-    except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError, ArrowIOError an OSError
-        raise TextsError(f"{p} could not be read as Parquet: {exc}") from None
-    return frame_to_textset(p, frame, text_column, label_column, source, lambda i: f"row {i}")
+        return _load_delimited(p, "\t" if ext == ".tsv" else ",", text_column, label_column, source)
+    return _load_parquet(p, text_column, label_column, source)

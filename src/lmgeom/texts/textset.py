@@ -64,8 +64,13 @@ class TextSet:
                     f"TextSet {name} must be strings; item {bad} is {type(values[bad]).__name__}"
                 )
         if len(set(ids)) != len(ids):
-            dup = next(k for k, c in Counter(ids).items() if c > 1)
-            raise TextsError(f"TextSet ids must be unique; {dup!r} occurs more than once")
+            dups = [(k, c) for k, c in Counter(ids).items() if c > 1]
+            shown = ", ".join(f"{k!r} ({c} times)" for k, c in dups[:5])
+            more = f" and {len(dups) - 5} more" if len(dups) > 5 else ""
+            raise TextsError(
+                f"TextSet ids must be unique ({self.source or 'no source'}): {shown}{more} "
+                "repeat; give one distinct id per text (or drop the duplicate texts)"
+            )
         object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "texts", texts)
         object.__setattr__(self, "labels", labels)
