@@ -320,12 +320,14 @@ def test_cli_dispersion_end_to_end(tiny_dir, corpus_files, tmp_path, capsys):
 
 
 def test_attach_adds_a_dispersion_section_to_an_analyze_run(tmp_path):
-    run = tmp_path / "analyze"
-    run.mkdir()
+    from lmgeom._io import write_json
+    from lmgeom.results.folder import prepare_out_dir
+
+    run = prepare_out_dir(tmp_path / "analyze", "sig")  # an lmgeom run folder (marker)
     layers = table.frame([table.row(model="m", layer=str(i), layer_index=i, metric="pga_z",
                                     setting="ccr=1", value=float(i)) for i in range(4)])
     table.write_table(layers, run, "layers")
-    (run / "manifest.json").write_text(json.dumps({"command": "analyze", "models": ["m"]}))
+    write_json(run / "manifest.json", {"command": "analyze", "models": ["m"]})
     df = table.frame(correlation_rows(_synthetic(), DispersionConfig(group_size=8, n_boot=50)))
     report = attach_to_run(run, df)
     html = report.read_text()

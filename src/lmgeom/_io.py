@@ -70,18 +70,27 @@ def _unwritable_error(target: Path, exc: OSError) -> CacheError:
 
 
 @contextlib.contextmanager
-def atomic_path(target: str | os.PathLike[str], *, need: int | None = None) -> Iterator[Path]:
+def atomic_path(target: str | os.PathLike[str], *, need: int | None = None,
+                replace_foreign: bool = False) -> Iterator[Path]:
     """Yield a temporary path next to ``target``; on success rename it over ``target``.
 
     Whatever goes wrong (an exception, Ctrl-C) the temporary is removed, so ``target`` is
     either the complete new file or what it was before. A full disk (``ENOSPC``, also when a
     library wraps it) and a read-only / forbidden folder become a :class:`CacheError` naming
     the path, the free space and what the file needed (``need``: its size, when the caller
-    knows it)."""
+    knows it).
+
+    ``target`` may replace an existing file only when lmgeom wrote that file and nobody changed
+    it since (:func:`written_by_lmgeom`; files in the cache are always lmgeom's): a foreign file
+    raises :class:`CacheError` before anything is written (``replace_foreign`` lifts this for
+    callers that checked ownership another way). Every file written outside the cache is
+    recorded (:func:`record_written`)."""
     target = Path(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        check_replaceable(target, replace_foreign=replace_foreign)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{TMP_TAG}", suffix=".tmp",
+                                   dir=target.parent)
     except OSError as exc:
         if is_disk_full(exc):
             raise disk_full_error(target, need=need) from exc
@@ -96,6 +105,7 @@ def atomic_path(target: str | os.PathLike[str], *, need: int | None = None) -> I
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, target)
+        record_written(target)
     except BaseException as exc:
         try:
             written = tmp_path.stat().st_size
@@ -108,6 +118,141 @@ def atomic_path(target: str | os.PathLike[str], *, need: int | None = None) -> I
             raise _unwritable_error(target, exc) from exc
         raise
     _note_written(target)
+
+
+# --------------------------------------------------------------------------- ownership
+#
+# lmgeom never deletes or replaces a file it did not write. Every file it writes outside its
+# cache is recorded in a ledger under the cache (``$LMGEOM_CACHE/written/``, one small JSON per
+# path) with the file's identity right after the write: device, inode, size, mtime and ctime
+# (ctime cannot be set by a user). A file "is lmgeom's" when its identity still matches the
+# record: a file a user wrote, edited, touched or copied over lmgeom's does not match. Without
+# a record (e.g. the cache was deleted) a file counts as foreign: lmgeom then refuses instead.
+
+#: marker inside the names of atomic writes' temporaries (``.NAME.lmgeom-XXXX.tmp``): only such
+#: leftovers of a killed writer are ever cleaned up
+TMP_TAG = "lmgeom-"
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _ledger_entry(path: Path) -> Path | None:
+    from ._paths import cache_root
+
+    try:
+        key = sha256_bytes(str(Path(os.path.abspath(path))).encode("utf-8", "surrogateescape"))
+    except (OSError, ValueError):  # pragma: no cover - unrepresentable path
+        return None
+    return cache_root() / "written" / key[:2] / f"{key[2:34]}.json"
+
+
+def in_cache(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` lies inside lmgeom's cache folder (``$LMGEOM_CACHE``)."""
+    from ._paths import cache_root
+
+    try:
+        p = Path(os.path.realpath(path))
+        root = Path(os.path.realpath(cache_root()))
+    except (OSError, ValueError):  # pragma: no cover
+        return False
+    return p == root or root in p.parents
+
+
+def record_written(path: str | os.PathLike[str]) -> None:
+    """Record that lmgeom has just written the file ``path`` (best effort: without a usable
+    cache nothing is recorded, and lmgeom will later refuse to replace the file)."""
+    path = Path(path)
+    if in_cache(path):
+        return
+    try:
+        st = path.stat()
+        entry = _ledger_entry(path)
+        if entry is None or not path.is_file():
+            return
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        data = json.dumps({"path": str(Path(os.path.abspath(path))), "id": _identity(st)})
+        fd, tmp = tempfile.mkstemp(prefix=".entry.", suffix=".tmp", dir=entry.parent)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(data)
+        os.replace(tmp, entry)
+    except (OSError, ValueError):
+        import logging
+
+        logging.getLogger(__name__).debug("could not record %s as written", path, exc_info=True)
+
+
+def record_tree(folder: str | os.PathLike[str]) -> None:
+    """:func:`record_written` for every file under ``folder`` (a tree lmgeom just wrote)."""
+    for p in Path(folder).rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            record_written(p)
+
+
+def written_by_lmgeom(path: str | os.PathLike[str]) -> bool:
+    """Whether lmgeom wrote the file ``path`` and nobody changed it since (always true inside
+    the cache; false for a missing path, a folder or a symlink)."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_file():
+        return False
+    if in_cache(path):
+        return True
+    entry = _ledger_entry(path)
+    try:
+        rec = json.loads(entry.read_text()) if entry is not None else None
+        return rec is not None and rec.get("id") == _identity(path.stat())
+    except (OSError, ValueError):
+        return False
+
+
+def check_replaceable(target: str | os.PathLike[str], *, replace_foreign: bool = False,
+                      what: str = "") -> None:
+    """Raise :class:`CacheError` when ``target`` exists and lmgeom may not replace it: a folder
+    in the way, or a file lmgeom did not write (or that was changed since it did)."""
+    target = Path(target)
+    if not (target.exists() or target.is_symlink()):
+        return
+    label = f"{what} {target}" if what else str(target)
+    if target.is_dir() and not target.is_symlink():
+        raise CacheError(f"{label} is a folder; give a file path (e.g. {target / 'out'}"
+                         f"{target.suffix or ''} or another name)")
+    if replace_foreign or written_by_lmgeom(target):
+        return
+    raise CacheError(f"{label} already exists and lmgeom did not write it (or it was changed "
+                     "since); lmgeom never replaces a file it did not write: move it away or "
+                     "choose another path")
+
+
+def remove_written(folder: str | os.PathLike[str]) -> tuple[int, list[Path]]:
+    """Delete every file under ``folder`` that lmgeom wrote (:func:`written_by_lmgeom`) and the
+    folders left empty by that; keep everything else. Returns (files removed, files kept)."""
+    folder = Path(folder)
+    removed, kept = 0, []
+    for dirpath, dirnames, filenames in os.walk(folder, topdown=False):
+        d = Path(dirpath)
+        for name in filenames:
+            p = d / name
+            if written_by_lmgeom(p) or _is_tmp_leftover(p):
+                p.unlink(missing_ok=True)
+                removed += 1
+            else:
+                kept.append(p)
+        if d != folder:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only when empty
+    return removed, sorted(kept)
+
+
+def _is_tmp_leftover(p: Path) -> bool:
+    return p.name.startswith(".") and f".{TMP_TAG}" in p.name and p.name.endswith(".tmp")
+
+
+def remove_tmp_leftovers(folder: str | os.PathLike[str]) -> None:
+    """Delete what killed atomic writes left under ``folder`` (``.NAME.lmgeom-XXXX.tmp``)."""
+    for p in Path(folder).rglob(f".*.{TMP_TAG}*.tmp"):
+        if p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)
 
 
 def _note_written(target: Path) -> None:

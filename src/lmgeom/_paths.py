@@ -107,3 +107,33 @@ def check_cache_writable(root: str | os.PathLike[str] | None = None) -> Path:
         raise CacheError(f"{where}: cannot write there ({exc.strerror or exc}); {_fix()}") from exc
     _checked.add(root)
     return root
+
+
+def check_output_location(path: str | os.PathLike[str], *, option: str = "--out") -> Path:
+    """Refuse an output path that would put results where they could clobber something else:
+    lmgeom's cache (the path is the cache, lies inside it, or contains it), the current
+    folder, one of its parents, the home folder, or the file-system root. A new subfolder
+    (``runs/x``) is fine. Returns the path (unchanged)."""
+    p = Path(path).expanduser()
+    try:
+        real = Path(os.path.realpath(p))
+        cache = Path(os.path.realpath(cache_root()))
+        cwd = Path(os.path.realpath(os.getcwd()))
+        home = Path(os.path.realpath(Path.home()))
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise CacheError(f"{option} {path}: cannot resolve this path ({exc}); choose another") \
+            from exc
+    fix = f"choose a new folder for {option}, e.g. runs/NAME"
+    if real == cwd or real in cwd.parents:
+        what = "is the current folder" if real == cwd else "is a parent of the current folder"
+        raise CacheError(f"{option} {path} {what}; {fix}")
+    if real == home:
+        raise CacheError(f"{option} {path} is your home folder; {fix}")
+    if real == Path(real.anchor):
+        raise CacheError(f"{option} {path} is the root of the file system; {fix}")
+    if real == cache or cache in real.parents:
+        raise CacheError(f"{option} {path} lies in lmgeom's cache ({cache}); results there could "
+                         f"be mixed with cached activations; {fix}")
+    if real in cache.parents:
+        raise CacheError(f"{option} {path} contains lmgeom's cache ({cache}); {fix}")
+    return p

@@ -31,6 +31,7 @@ row per token (``row_text``, ``row_pos``, ``row_token`` set).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -86,19 +87,45 @@ def export_activations(
             upload it later).
     """
     check_export(acts, format=format, push_to_hub=push_to_hub)
-    if format == "safetensors":
-        return list(acts.save(out))  # type: ignore[union-attr]
-    if format == "parquet":
+    with claim_export(out, format):
+        if format == "safetensors":
+            return list(acts.save(out))  # type: ignore[union-attr]
+        if format == "parquet":
+            path = export_paths(out, format)[0]
+            write_parquet(acts, path, rows_per_group=rows_per_group)
+            return [path]
         path = Path(out)
-        if path.suffix != ".parquet":
-            path = path.with_name(path.name + ".parquet")
-        write_parquet(acts, path, rows_per_group=rows_per_group)
-        return [path]
-    path = Path(out)
-    write_hf(acts, path, rows_per_group=rows_per_group)
+        write_hf(acts, path, rows_per_group=rows_per_group)
     if push_to_hub:
         _push(path, push_to_hub)
     return [path]
+
+
+def export_paths(out: str | os.PathLike[str], format: str) -> list[Path]:
+    """The paths :func:`export_activations` writes for ``out`` in ``format``."""
+    path = Path(out).expanduser()
+    if format == "safetensors":
+        base = path.with_suffix("") if path.suffix in (".safetensors", ".json") else path
+        return [base.with_suffix(".safetensors"), base.with_suffix(".json")]  # as Activations.save
+    if format == "parquet":
+        return [path if path.suffix == ".parquet" else path.with_name(path.name + ".parquet")]
+    return [path]
+
+
+@contextlib.contextmanager
+def claim_export(out: str | os.PathLike[str], format: str, *, option: str = "--out"):
+    """Check the export's output paths (never a file or folder lmgeom did not write, never the
+    cache / current folder / home) and lock them against a second run until the block ends."""
+    from ..results.folder import check_output_path, claim_output
+
+    kind = "folder" if format == "hf" else "file"
+    paths = export_paths(out, format)
+    for p in paths:  # every path checked before any is locked
+        check_output_path(p, option=option, kind=kind)
+    with contextlib.ExitStack() as stack:
+        for p in paths:
+            stack.enter_context(claim_output(p, option=option, kind=kind))
+        yield
 
 
 def check_export(acts: Any, *, format: str, push_to_hub: str | None = None) -> None:
@@ -337,9 +364,10 @@ def write_hf(acts: AnyActivations, path: str | os.PathLike[str], *,
              rows_per_group: int | None = None) -> Path:
     """Write ``acts`` as a Hugging Face dataset folder (``save_to_disk``), streamed through a
     memory-mapped Arrow file next to ``path``; the folder appears complete or not at all."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise CacheError(f"{path} exists and is not a folder; choose another --out for --format hf")
+    from .._io import record_tree, remove_written
+    from ..results.folder import check_output_path
+
+    path = check_output_path(path, kind="folder")  # an existing folder holds only lmgeom's files
     path.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
@@ -352,8 +380,12 @@ def write_hf(acts: AnyActivations, path: str | os.PathLike[str], *,
         ds.save_to_disk(str(staged))
         del ds
         if path.exists():
-            shutil.rmtree(path)
+            _, kept = remove_written(path)  # the previous export, lmgeom's files only
+            if kept or any(path.iterdir()):
+                raise CacheError(f"{path} holds files lmgeom did not write; choose another --out")
+            path.rmdir()
         os.replace(staged, path)
+        record_tree(path)
     except OSError as exc:
         raise CacheError(f"could not write the dataset {path}: {exc}") from exc
     finally:

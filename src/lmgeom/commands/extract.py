@@ -10,8 +10,10 @@ from .options import (
     add_model_args,
     add_texts_args,
     load_texts_from_args,
+    positive_int,
     print_table,
     progress_from_args,
+    seed_int,
 )
 
 NAME = "extract"
@@ -39,18 +41,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--push-to-hub", default=None, metavar="REPO",
                    help="with --format hf: also push the dataset to this hub repo (ORG/NAME; "
                         "needs a reachable hub and a token)")
-    g.add_argument("--n-tokens", type=int, default=2048, help="tokens sampled for --pooling tokens")
-    g.add_argument("--seed", type=int, default=0, help="seed of text and token sampling")
+    g.add_argument("--n-tokens", type=positive_int, default=2048, help="tokens sampled for --pooling tokens")
+    g.add_argument("--seed", type=seed_int, default=0, help="seed of text and token sampling")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     add_engine_args(p, extraction=True)
 
 
 def run(args) -> int:
-    from ..activations.export import check_export, export_activations
+    from ..activations.export import check_export, claim_export
+
+    check_export(None, format=args.format, push_to_hub=args.push_to_hub)  # before any forward
+    # the output paths are checked (never a file lmgeom did not write) and locked against a
+    # second run for the whole command, so two runs on one --out cannot both "succeed"
+    with claim_export(args.out, args.format):
+        return _run(args)
+
+
+def _run(args) -> int:
+    from ..activations.export import export_activations
     from ..experiments.extract import extract_activations, layer_summary
     from .options import engine_from_args, model_options_from_args
 
-    check_export(None, format=args.format, push_to_hub=args.push_to_hub)  # before any forward
     progress = progress_from_args(args)
     engine = engine_from_args(args)
     texts = load_texts_from_args(args)  # cheap: fail fast on a bad corpus before loading the model

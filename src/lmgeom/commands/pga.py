@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .analyze import add_pga_args, layer_config_from_args
 from .options import (
     add_extract_args,
     add_model_args,
@@ -12,8 +13,8 @@ from .options import (
     load_texts_from_args,
     print_table,
     progress_from_args,
+    seed_int,
 )
-from .analyze import add_pga_args, layer_config_from_args
 
 NAME = "pga"
 HELP = "Subspace PGA z per layer for one model, with every PGA option, printed as a table"
@@ -30,12 +31,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_texts_args(p)
     add_extract_args(p)
     add_pga_args(p, ccr="1")
-    p.add_argument("--seed", type=int, default=0, help="seed of the text sample, null frames and pairs")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the text sample, null frames and pairs")
     p.add_argument("--csv", default=None, help="also write the tidy rows to this CSV file")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def run(args) -> int:
+    from ..results.folder import claim_output
+
+    # --csv is checked (and locked against a second run) before any work
+    with claim_output(args.csv, option="--csv", suffixes=(".csv",)):
+        return _run(args)
+
+
+def _run(args) -> int:
     from ..activations import extract
     from ..experiments.layer_sweep import pga_rows
 

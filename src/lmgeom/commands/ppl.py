@@ -7,8 +7,12 @@ import argparse
 from .options import (
     add_model_args,
     add_texts_args,
+    int_range,
     model_options_from_args,
+    nonneg_int,
+    positive_int,
     progress_from_args,
+    seed_int,
     text_options_from_args,
 )
 
@@ -29,11 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_texts_args(p, n=None)
     g = p.add_argument_group("perplexity")
-    g.add_argument("--max-length", type=int, default=512, help="tokens per model input")
-    g.add_argument("--stride", type=int, default=None,
+    g.add_argument("--max-length", type=int_range(2), default=512, help="tokens per model input")
+    g.add_argument("--stride", type=positive_int, default=None,
                    help="sliding-window mode: window start every STRIDE tokens (< --max-length)")
-    g.add_argument("--batch-size", type=int, default=8, help="inputs per forward pass")
-    g.add_argument("--position-chunk", type=int, default=None,
+    g.add_argument("--batch-size", type=positive_int, default=8, help="inputs per forward pass")
+    g.add_argument("--position-chunk", type=positive_int, default=None,
                    help="positions per readout matmul (default: 64 MiB of float32 logits)")
     g.add_argument("--out", default=None, help="write the per-text table here (.csv/.parquet/.jsonl)")
     g.add_argument("--per-token", nargs="?", const="", default=None, metavar="PATH",
@@ -43,8 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-samples", nargs="?", const="", default=None, metavar="PATH",
                    help="also write one row per text (id, label, n_tokens, truncated, NLL, "
                         "perplexity) to PATH (default: OUT.samples.parquet / samples.parquet)")
-    g.add_argument("--show", type=int, default=10, help="texts to print (highest and lowest)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the --n text sample")
+    g.add_argument("--show", type=nonneg_int, default=10, help="texts to print (highest and lowest)")
+    g.add_argument("--seed", type=seed_int, default=0, help="seed of the --n text sample")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -63,13 +67,36 @@ def _beside(args, given: str | None, suffix: str, fallback: str) -> str | None:
 
 def run(args) -> int:
     import contextlib
+    from pathlib import Path
+
+    from ..errors import ConfigError
+    from ..results.folder import claim_output
+
+    tokens_path = _beside(args, args.per_token, "tokens", "ppl-tokens.parquet")
+    samples_path = _beside(args, args.log_samples, "samples", "samples.parquet")
+    paths = [p for p in (args.out, tokens_path, samples_path) if p]
+    if len({str(Path(p).expanduser().resolve()) for p in paths}) < len(paths):
+        raise ConfigError("--out, --per-token and --log-samples name the same file; give each "
+                          "its own path")
+    # every output path is checked (and locked against a second run) before any work
+    with contextlib.ExitStack() as claims:
+        claims.enter_context(claim_output(args.out, option="--out",
+                                          suffixes=(".csv", ".parquet", ".jsonl")))
+        claims.enter_context(claim_output(tokens_path, option="--per-token",
+                                          suffixes=(".parquet",)))
+        claims.enter_context(claim_output(samples_path, option="--log-samples",
+                                          suffixes=(".parquet",)))
+        return _run(args, tokens_path, samples_path)
+
+
+def _run(args, tokens_path: str | None, samples_path: str | None) -> int:
+    import contextlib
 
     from ..lm.perplexity import TokenNLLWriter, perplexity
 
     progress = progress_from_args(args)
     texts = text_options_from_args(args).load()
     model = model_options_from_args(args).load(args.model)
-    tokens_path = _beside(args, args.per_token, "tokens", "ppl-tokens.parquet")
     with (TokenNLLWriter(tokens_path, model.tokenizer, texts.ids) if tokens_path
           else contextlib.nullcontext()) as writer:
         res = perplexity(model, texts, max_length=args.max_length, stride=args.stride,
@@ -80,7 +107,6 @@ def run(args) -> int:
         print(f"\nwrote {res.write(args.out)}")
     if writer is not None:
         print(f"wrote {tokens_path} ({writer.n_rows:,} scored tokens)")
-    samples_path = _beside(args, args.log_samples, "samples", "samples.parquet")
     if samples_path:
         from .._io import atomic_path
         from ..experiments.samples import perplexity_samples

@@ -268,18 +268,42 @@ def attach_to_run(run_dir, df, stem: str = "dispersion", *, title: str | None = 
     """Write ``df`` as ``run_dir/<stem>.parquet|csv`` and regenerate ``run_dir/report.html``
     from the run's own table (``layers.parquet`` of ``lmgeom analyze``) plus every
     dispersion-family table there. Returns the report path."""
-    import json
+    from ..results.folder import acquire_output_lock, release_output_lock
+
+    run = check_attach(run_dir)
+    key = acquire_output_lock(run, option="--attach")
+    try:
+        return _attach(run, df, stem, title)
+    finally:
+        release_output_lock(key)
+
+
+def check_attach(run_dir) -> Any:
+    """The run folder ``run_dir`` for ``--attach``: it must be an lmgeom run folder (marker and
+    manifest written by lmgeom), so attaching never writes into a folder of other files."""
     from pathlib import Path
 
-    import pandas as pd
-
     from ..errors import CacheError
-    from ..report.html import write_report
+    from ..results.folder import is_run_folder
 
-    run = Path(run_dir)
+    run = Path(run_dir).expanduser()
     if not run.is_dir():
         raise CacheError(f"--attach {run}: no such run folder (run `lmgeom analyze --out {run}` "
                          "first)")
+    if not is_run_folder(run):
+        raise CacheError(f"--attach {run}: not a finished lmgeom run folder (no .lmgeom-run marker "
+                         "and manifest.json written by lmgeom); give the --out folder of a "
+                         "finished `lmgeom analyze` run")
+    return run
+
+
+def _attach(run, df, stem: str, title: str | None):
+    import json
+
+    import pandas as pd
+
+    from ..report.html import write_report
+
     table.write_table(df, run, stem)
     frames = []
     if (run / "layers.parquet").is_file():

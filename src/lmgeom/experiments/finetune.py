@@ -830,10 +830,21 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike[str], *, overwrite: boo
     """Run every arm of ``cfg`` into ``out`` (resuming what is there); see the module docstring.
     The folder is a :class:`~lmgeom.results.folder.RunFolder`: locked against a second run while
     this one writes, refused for a different run unless ``overwrite``."""
+    from .._io import record_tree
+    from ..models.load import model_fingerprint
     from ..results.folder import RunFolder
+    from ..texts import source_fingerprint
 
-    with RunFolder.create(out, "train", cfg.signed(), overwrite=overwrite) as folder:
-        return _finetune(cfg, folder)
+    # the arms resume from this folder: key it by content too (an edited corpus file or
+    # replaced weights make a different run, never a resumed one)
+    signed = {**cfg.signed(), "inputs": {
+        "model": model_fingerprint(cfg.model),
+        "texts": {t: source_fingerprint(t) for t in (*cfg.texts, *cfg.eval_texts)}}}
+    with RunFolder.create(out, "train", signed, overwrite=overwrite) as folder:
+        try:
+            return _finetune(cfg, folder)
+        finally:
+            record_tree(folder.path)  # checkpoints and saved models are lmgeom's (--overwrite)
 
 
 def _finetune(cfg: FinetuneConfig, folder) -> FinetuneResult:

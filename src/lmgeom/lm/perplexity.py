@@ -647,8 +647,11 @@ class TokenNLLWriter:
     def __enter__(self) -> TokenNLLWriter:
         import pyarrow.parquet as pq
 
+        from .._io import TMP_TAG, check_replaceable
+
+        check_replaceable(self.path, what="--per-token")  # never over a file lmgeom did not write
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = self.path.with_name(f".{self.path.name}.tmp")
+        self._tmp = self.path.with_name(f".{self.path.name}.{TMP_TAG}{os.getpid()}.tmp")
         self._writer = pq.ParquetWriter(str(self._tmp), self.schema)
         return self
 
@@ -672,6 +675,9 @@ class TokenNLLWriter:
         assert self._writer is not None and self._tmp is not None
         self._writer.close()
         if exc_type is None:
+            from .._io import record_written
+
             os.replace(self._tmp, self.path)  # whole file or nothing
+            record_written(self.path)
         else:
             self._tmp.unlink(missing_ok=True)

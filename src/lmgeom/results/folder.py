@@ -2,21 +2,40 @@
 
 A run folder holds ``.lmgeom-run`` (written first) with the run's ``signature``: a hash of every
 setting that changes the results. Reusing a folder for the same signature is allowed (a rerun / resume);
-a different signature is refused unless ``overwrite=True``.
+a different signature is refused unless ``overwrite=True``, and then only the files lmgeom wrote
+there are removed. A non-empty folder without lmgeom's marker is never used.
+
+Single-file and dataset outputs (``extract --out``, ``ppl --out``, ``pga --csv`` ...) go through
+:func:`claim_output`: checked before any work, locked against a second run while it writes.
+Which files "lmgeom wrote" is decided by :func:`lmgeom._io.written_by_lmgeom`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import shutil
+import logging
+import os
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import pandas as pd
 
-from .._io import stable_hash, write_json
+from .._io import (
+    check_replaceable,
+    remove_tmp_leftovers,
+    remove_written,
+    stable_hash,
+    write_json,
+    written_by_lmgeom,
+)
+from .._paths import check_output_location
 from ..errors import CacheError
+
+log = logging.getLogger(__name__)
 from .manifest import base_manifest, now
 
 
@@ -24,32 +43,176 @@ def run_signature(settings: dict[str, Any]) -> str:
     return stable_hash(settings)[:16]
 
 
-def prepare_out_dir(out: str | Path, signature: str, *, overwrite: bool = False) -> Path:
-    """Create ``out`` or check it holds the same run; ``overwrite`` clears a different one."""
-    out = Path(out)
+#: the run folder's marker (written first, by lmgeom: :func:`~lmgeom._io.written_by_lmgeom`)
+MARKER = ".lmgeom-run"
+
+
+def _marker_signature(marker: Path) -> str | None:
+    """The signature in ``marker`` when lmgeom wrote it (and nobody changed it), else ``None``."""
+    if not written_by_lmgeom(marker):
+        return None
+    try:
+        sig = json.loads(marker.read_text()).get("signature")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return sig if isinstance(sig, str) else None
+
+
+def is_run_folder(path: str | Path) -> bool:
+    """Whether ``path`` is an lmgeom run folder: its marker and its ``manifest.json`` were
+    both written by lmgeom and not changed since."""
+    path = Path(path)
+    return (path.is_dir() and _marker_signature(path / MARKER) is not None
+            and written_by_lmgeom(path / "manifest.json"))
+
+
+def prepare_out_dir(out: str | Path, signature: str, *, overwrite: bool = False,
+                    option: str = "--out") -> Path:
+    """Create ``out`` or check that it holds the same run (a rerun resumes there).
+
+    * a new or empty folder is used as it is;
+    * a folder holding the same run (its marker, written by lmgeom, has ``signature``) is reused;
+    * a folder holding a different lmgeom run is refused unless ``overwrite``: then only the
+      files lmgeom wrote there are removed (:func:`~lmgeom._io.remove_written`), never another;
+    * any other non-empty folder is refused, whatever ``overwrite`` says;
+    * the cache, the current folder, its parents and the home folder are refused
+      (:func:`~lmgeom._paths.check_output_location`).
+    """
+    out = check_output_location(out, option=option)
     if out.exists() and not out.is_dir():
-        raise CacheError(f"--out {out} exists and is not a folder; choose another path")
-    marker = out / ".lmgeom-run"
+        raise CacheError(f"{option} {out} exists and is not a folder; choose another path")
+    marker = out / MARKER
     if out.is_dir() and any(out.iterdir()):
-        old = None
-        if marker.is_file():
-            try:
-                old = json.loads(marker.read_text()).get("signature")
-            except (OSError, ValueError):
-                old = None
+        old = _marker_signature(marker)
+        if old is None:
+            raise CacheError(
+                f"{option} {out} is not empty and holds no lmgeom run (no {MARKER} marker "
+                "written by lmgeom there); lmgeom only writes into a new or empty folder or one "
+                "of its own run folders: choose a new folder for " + option)
         if old != signature:
             if not overwrite:
                 raise CacheError(
-                    f"output folder {out} already holds a different run; pass --overwrite to "
-                    "replace it or choose another --out"
-                )
-            shutil.rmtree(out)
+                    f"output folder {out} already holds a different run (an lmgeom run with "
+                    "other settings); pass --overwrite to replace that run's files (files lmgeom did "
+                    "not write are never touched) or choose another " + option)
+            removed, kept = remove_written(out)
+            log.warning("--overwrite: removed the %d files of the previous run in %s", removed, out)
+            if kept:
+                shown = ", ".join(str(p.relative_to(out)) for p in kept[:5])
+                log.warning("kept %d files in %s that lmgeom did not write: %s%s", len(kept),
+                            out, shown, " ..." if len(kept) > 5 else "")
     out.mkdir(parents=True, exist_ok=True)
-    for stale in out.rglob(".*.tmp"):  # left by a killed writer; never read, safe to drop
-        stale.unlink(missing_ok=True)
-    if not marker.is_file():
+    remove_tmp_leftovers(out)  # left by a killed writer of this run; never read
+    if _marker_signature(marker) != signature:
         write_json(marker, {"signature": signature})
     return out
+
+
+# --------------------------------------------------------------------------- output locks
+
+_held: dict[str, tuple[Any, int]] = {}
+_held_guard = threading.Lock()
+
+
+def lock_path_of(path: str | Path) -> Path:
+    """The lock file guarding the output ``path``: ``.<name>.lmgeom-lock`` beside it."""
+    path = Path(os.path.abspath(Path(path).expanduser()))
+    return path.parent / f".{path.name}.lmgeom-lock"
+
+
+def acquire_output_lock(path: str | Path, *, option: str = "--out") -> str:
+    """Lock the output ``path`` against a second lmgeom process (re-entrant in one process);
+    raises :class:`CacheError` when another run holds it. Returns the key for
+    :func:`release_output_lock`."""
+    from filelock import FileLock, Timeout
+
+    lock_path = lock_path_of(path)
+    key = str(lock_path)
+    with _held_guard:
+        if key in _held:
+            lock, n = _held[key]
+            _held[key] = (lock, n + 1)
+            return key
+        try:
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(f"cannot create the folder of {option} {path} ({lock_path.parent}): "
+                             f"{exc.strerror or exc}; choose another {option}") from exc
+        lock = FileLock(key)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout as exc:
+            raise CacheError(f"another lmgeom run is writing to {path} right now; wait for it to "
+                             f"finish or choose another {option}") from exc
+        except OSError as exc:
+            raise CacheError(f"cannot lock {option} {path} ({exc.strerror or exc}); choose a "
+                             f"writable {option}") from exc
+        _held[key] = (lock, 1)
+    return key
+
+
+def release_output_lock(key: str) -> None:
+    with _held_guard:
+        if key not in _held:
+            return
+        lock, n = _held[key]
+        if n > 1:
+            _held[key] = (lock, n - 1)
+            return
+        del _held[key]
+        lock.release()
+
+
+@contextlib.contextmanager
+def claim_output(path: str | Path | None, *, option: str = "--out", kind: str = "file",
+                 suffixes: tuple[str, ...] | None = None) -> Iterator[Path | None]:
+    """Check an output path before any work and hold its lock until the block ends.
+
+    ``kind="file"``: the path must not be a folder, its parent not a file, its suffix one of
+    ``suffixes`` (when given), and an existing file there must be one lmgeom wrote.
+    ``kind="folder"`` (a dataset folder lmgeom writes whole): an existing folder must hold only
+    files lmgeom wrote. Both: not in the cache, not the current folder or its parents, not the
+    home folder (:func:`~lmgeom._paths.check_output_location`). ``None`` passes through."""
+    if path is None or path == "":
+        yield None
+        return
+    p = check_output_path(path, option=option, kind=kind, suffixes=suffixes)
+    key = acquire_output_lock(p, option=option)
+    try:
+        yield p
+    finally:
+        release_output_lock(key)
+
+
+def check_output_path(path: str | Path, *, option: str = "--out", kind: str = "file",
+                      suffixes: tuple[str, ...] | None = None) -> Path:
+    """The checks of :func:`claim_output`, without the lock."""
+    p = check_output_location(path, option=option)
+    for parent in p.parents:
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                raise CacheError(f"{option} {path}: {parent} is a file, not a folder; choose "
+                                 f"another {option}")
+            break
+    if kind == "file":
+        if p.is_dir():
+            raise CacheError(f"{option} {path} is a folder; {option} takes a file path "
+                             f"(e.g. {p / 'results'}{(suffixes or ('',))[0]})")
+        if suffixes is not None and p.suffix.lower() not in suffixes:
+            raise CacheError(f"{option} {path}: unsupported file type {p.suffix or '(none)'!r}; "
+                             f"use one of {', '.join(suffixes)}")
+        check_replaceable(p, what=option)
+    else:
+        if p.exists() and not p.is_dir():
+            raise CacheError(f"{option} {path} exists and is not a folder; choose another "
+                             f"{option}")
+        if p.is_dir():
+            foreign = [q for q in p.rglob("*") if not q.is_dir() and not written_by_lmgeom(q)]
+            if foreign:
+                raise CacheError(f"{option} {path} already holds files lmgeom did not write "
+                                 f"(e.g. {foreign[0].relative_to(p)}); lmgeom only replaces its "
+                                 f"own output: choose a new path for {option}")
+    return p
 
 
 class RunResult(Protocol):
@@ -97,7 +260,7 @@ class RunFolder:
                overwrite: bool = False) -> RunFolder:
         """Lock ``out``, then create it or check that it holds the same run (``overwrite``
         replaces a different one). Raises :class:`CacheError` when another run holds it."""
-        out = Path(out)
+        out = check_output_location(out)
         if out.exists() and not out.is_dir():
             raise CacheError(f"--out {out} exists and is not a folder; choose another path")
         signature = run_signature(settings)
@@ -111,25 +274,11 @@ class RunFolder:
         return folder
 
     def _acquire(self) -> None:
-        from filelock import FileLock, Timeout
-
-        lock_path = self.path.parent / f".{self.path.name}.lmgeom-lock"
-        try:
-            lock_path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CacheError(f"cannot create the output folder's parent {lock_path.parent}: "
-                             f"{exc}; choose another --out") from exc
-        lock = FileLock(str(lock_path))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout as exc:
-            raise CacheError(f"another lmgeom run is writing to {self.path} right now; wait for "
-                             "it to finish or choose another --out") from exc
-        self._lock = lock
+        self._lock = acquire_output_lock(self.path)
 
     def close(self) -> None:
         if self._lock is not None:
-            self._lock.release()
+            release_output_lock(self._lock)
             self._lock = None
 
     def __enter__(self) -> RunFolder:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,7 @@ from .summary import builtin_table, describe
 from .textset import TextSet, make_textset, sample_indices
 
 __all__ = [
+    "source_fingerprint",
     "BUILTIN_NAMES",
     "CORPORA",
     "DOMAINS",
@@ -130,6 +132,25 @@ def load_texts(
     else:
         ts = load_file(s, split=split, text_column=text_column, label_column=label_column)
     return limit_textset(ts, limit, seed)
+
+
+def source_fingerprint(spec: str | os.PathLike[str]) -> str | None:
+    """A content hash of a corpus spec's source, without parsing it: the sha256 of a local
+    file's bytes; ``None`` for ``builtin:`` (fixed by the installed packages and lmgeom's
+    version) and ``hf:`` specs (versioned by the hub), and for a path that is not a file.
+    What a result keyed by a spec string must also be keyed by, so an edited file recomputes."""
+    s = os.fspath(spec)
+    if s.startswith(("builtin:", "hf:")):
+        return None
+    p = Path(s).expanduser()
+    try:
+        if not p.is_file():
+            return None
+        from .._io import sha256_file
+
+        return sha256_file(p)
+    except OSError:
+        return None
 
 
 def as_textset(obj: Any, *, limit: int | None = None, seed: int = 0) -> TextSet:

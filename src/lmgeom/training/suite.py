@@ -205,8 +205,15 @@ class SuiteConfig:
     def data_settings(self) -> dict[str, Any]:
         keys = ("seed", "vocab_size", "texts", "exclude_texts", "val_fraction", "tokenizer_chars",
                 "max_position_embeddings")
+        from ..texts import source_fingerprint
+
         s = self.shared_settings()
-        return {k: s[k] for k in keys}
+        out = {k: s[k] for k in keys}
+        # by content: an edited corpus file rebuilds the data instead of reusing the old split
+        prints = {str(t): source_fingerprint(t) for t in (*self.texts, *self.exclude_texts)}
+        if any(prints.values()):
+            out["texts_sha256"] = prints
+        return out
 
 
 def model_shape(width: int, config: SuiteConfig) -> dict[str, int]:
@@ -641,19 +648,24 @@ def _width_complete(root: Path, width: int, config: SuiteConfig) -> bool:
 
 
 def _check_folder(root: Path, config: SuiteConfig, overwrite: bool) -> None:
+    from .._io import remove_written, written_by_lmgeom
+    from .._paths import check_output_location
+
     marker = root / "suite.json"
     want = {"format": FORMAT, "settings": config.shared_settings()}
+    check_output_location(root)
     if root.exists() and not root.is_dir():
         raise CacheError(f"--out {root} exists and is not a folder")
     if root.is_dir() and any(root.iterdir()):
         have = None
-        if marker.is_file():
+        if marker.is_file() and written_by_lmgeom(marker):
             try:
                 have = json.loads(marker.read_text())
             except ValueError:
                 have = None
         if have is None:
-            raise CacheError(f"{root} is not empty and is not a suite folder; choose another --out")
+            raise CacheError(f"{root} is not empty and is not a suite folder lmgeom wrote (no "
+                             "suite.json written by lmgeom); choose a new folder for --out")
         if have != want:
             if not overwrite:
                 diff = sorted(k for k in want["settings"]
@@ -663,8 +675,12 @@ def _check_folder(root: Path, config: SuiteConfig, overwrite: bool) -> None:
                     "pass --overwrite to replace it or choose another --out (widths may differ: "
                     "new widths are added to an existing suite)"
                 )
-            log.warning("replacing the suite in %s (--overwrite)", root)
-            shutil.rmtree(root)
+            log.warning("replacing the suite in %s (--overwrite): removing the files lmgeom "
+                        "wrote there", root)
+            _, kept = remove_written(root)
+            if kept:
+                log.warning("kept %d files in %s that lmgeom did not write (e.g. %s)", len(kept),
+                            root, kept[0].relative_to(root))
     root.mkdir(parents=True, exist_ok=True)
     if not marker.is_file():
         write_json(marker, want)
@@ -706,16 +722,17 @@ def train_suite(
         CacheError: the folder holds something else or another process trains it.
         ConfigError / DataError / TextsError: bad settings or unusable corpora.
     """
-    from filelock import FileLock, Timeout
 
     config = config or SuiteConfig()
     root = Path(out_dir)
-    _check_folder(root, config, overwrite)
-    lock = FileLock(str(root / ".lock"))
+    from ..results.folder import acquire_output_lock, release_output_lock
+
+    lock = acquire_output_lock(root)  # beside the folder, as every lmgeom output
     try:
-        lock.acquire(timeout=0)
-    except Timeout as exc:
-        raise CacheError(f"another process is training the suite in {root}") from exc
+        _check_folder(root, config, overwrite)
+    except BaseException:
+        release_output_lock(lock)
+        raise
     import torch
 
     prev_threads = torch.get_num_threads()
@@ -739,8 +756,11 @@ def train_suite(
                          stop_after_steps=stop_after_steps)
         manifest = write_manifest(root, config, data_s=t_data)
     finally:
+        from .._io import record_tree
+
+        record_tree(root)  # everything in the suite folder is lmgeom's (for --overwrite)
         torch.set_num_threads(prev_threads)
-        lock.release()
+        release_output_lock(lock)
     return manifest
 
 

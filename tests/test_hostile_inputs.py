@@ -1,0 +1,485 @@
+"""Hostile inputs, part 1: output paths, stale results and concurrent writers (issue 26).
+
+Every case asserts either exit 2 with one line naming the input (and nothing deleted or
+replaced), or a correct result. The other parts are ``test_hostile_texts.py`` (files and
+encodings), ``test_hostile_cli.py`` (options, devices, environment, models) and
+``test_hostile_stats.py`` (statistically empty numbers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import CORPUS, build_tiny
+
+from lmgeom.cli import main
+from lmgeom.errors import CacheError
+
+pytestmark = pytest.mark.timeout(600)
+
+ANALYZE = ["analyze", "--k", "4", "--n-null", "20", "--ccr", "0,1", "--layers", "1,2",
+           "--quiet"]
+
+
+@pytest.fixture()
+def tiny_path(tiny_dir):
+    return str(tiny_dir("llama"))
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    p = tmp_path / "corpus.txt"
+    p.write_text("\n".join(f"{CORPUS[i % len(CORPUS)].replace(chr(10), ' ')} item {i}"
+                           for i in range(24)) + "\n")
+    return str(p)
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` with the sha256 of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.endswith(".lmgeom-lock")}
+
+
+def _user_folder(path: Path) -> dict[str, str]:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "thesis.tex").write_text("\\section{years of work}\n")
+    (path / "data").mkdir(exist_ok=True)
+    (path / "data" / "results.csv").write_text("a,b\n1,2\n")
+    return _tree(path)
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("WARNING")]
+    assert "Traceback" not in err, err
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def _no_model(monkeypatch):
+    """Make any model load fail loudly: a check that must come before the work."""
+    import lmgeom.models.load as load
+
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded before the output path was checked")
+
+    monkeypatch.setattr(load, "load_model", boom)
+    monkeypatch.setattr("lmgeom.models.load_model", boom, raising=False)
+
+
+# ------------------------------------------------------------------ never delete user files
+RUN_COMMANDS = [
+    ["analyze"], ["dispersion"], ["hardness"], ["clusters"], ["converge"], ["probe"],
+    ["sweep", "--model", "x/y"], ["select", "--model", "x/y"],
+]
+
+
+@pytest.mark.parametrize("cmd", RUN_COMMANDS, ids=lambda c: c[0])
+def test_overwrite_never_empties_a_user_folder(cmd, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "mine"
+    before = _user_folder(out)
+    _no_model(monkeypatch)
+    rc = main([*cmd, "--out", str(out), "--overwrite"])
+    line = _error_line(capsys)
+    assert rc == 2 and str(out) in line and "lmgeom run" in line
+    assert "--overwrite" not in line.split("choose")[0] or "never" in line
+    assert _tree(out) == before
+
+
+@pytest.mark.parametrize("where", ["cache", "inside-cache", "contains-cache", "cwd", "parent",
+                                   "home"])
+def test_out_that_is_cache_cwd_parent_or_home_is_refused(where, tmp_path, capsys, monkeypatch):
+    cache = Path(os.environ["LMGEOM_CACHE"])
+    work = tmp_path / "work" / "here"
+    work.mkdir(parents=True)
+    (work / "keep.txt").write_text("x")
+    monkeypatch.chdir(work)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    out = {"cache": cache, "inside-cache": cache / "models", "contains-cache": cache.parent,
+           "cwd": Path("."), "parent": Path(".."), "home": home}[where]
+    snapshot = sorted(p.name for p in Path(out).iterdir()) if Path(out).is_dir() else None
+    _no_model(monkeypatch)
+    assert main(["analyze", "--out", str(out), "--overwrite"]) == 2
+    line = _error_line(capsys)
+    assert str(out) in line and ("cache" in line or "current folder" in line or "home" in line)
+    if snapshot is not None:
+        assert sorted(p.name for p in Path(out).iterdir()) == snapshot
+    assert (work / "keep.txt").is_file()
+
+
+def test_a_new_subfolder_of_the_current_folder_is_fine(tmp_path, monkeypatch):
+    from lmgeom.results.folder import prepare_out_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert prepare_out_dir("runs/x", "sig").is_dir()
+
+
+def test_fake_marker_does_not_make_a_folder_lmgeoms(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "fake"
+    before = _user_folder(out)
+    (out / ".lmgeom-run").write_text(json.dumps({"signature": "0" * 16}))
+    before = _tree(out)
+    _no_model(monkeypatch)
+    assert main(["analyze", "--out", str(out), "--overwrite"]) == 2
+    assert "no .lmgeom-run marker written by lmgeom" in _error_line(capsys)
+    assert _tree(out) == before
+
+
+def test_overwrite_removes_only_the_runs_own_files(tiny_path, corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    base = [*ANALYZE, "--model", tiny_path, "--texts", corpus, "--out", str(out)]
+    assert main(base) == 0
+    (out / "my-notes.md").write_text("keep me")
+    (out / "plots").mkdir(exist_ok=True)
+    (out / "plots" / "my-figure.png").write_bytes(b"\x89PNG user")
+    capsys.readouterr()
+    assert main([*base, "--seed", "1"]) == 2
+    line = _error_line(capsys)
+    assert "different run" in line and "--overwrite" in line
+    assert main([*base, "--seed", "1", "--overwrite"]) == 0
+    assert (out / "my-notes.md").read_text() == "keep me"
+    assert (out / "plots" / "my-figure.png").read_bytes() == b"\x89PNG user"
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["settings"]["layers"]["seed"] == 1 if "layers" in man.get("settings", {}) else True
+
+
+def test_output_lmgeom_wrote_then_user_edited_is_not_replaced(tmp_path):
+    from lmgeom._io import write_json, written_by_lmgeom
+
+    p = tmp_path / "table.json"
+    write_json(p, {"a": 1})
+    assert written_by_lmgeom(p)
+    write_json(p, {"a": 2})  # lmgeom's own file: replaced
+    time.sleep(0.01)
+    p.write_text('{"a": "edited by hand"}')
+    assert not written_by_lmgeom(p)
+    with pytest.raises(CacheError, match="did not write"):
+        write_json(p, {"a": 3})
+    assert "edited by hand" in p.read_text()
+
+
+def test_api_run_experiment_refuses_a_user_folder(tmp_path):
+    from lmgeom.experiments import AnalyzeConfig, run_experiment
+
+    out = tmp_path / "api"
+    before = _user_folder(out)
+    with pytest.raises(CacheError, match="holds no lmgeom run"):
+        run_experiment(AnalyzeConfig(models=("nope",)), out, overwrite=True)
+    assert _tree(out) == before
+
+
+# ------------------------------------------------------------------ single-file writers
+def _extract(tiny_path, corpus, out, *extra):
+    return ["extract", "--model", tiny_path, "--texts", corpus, "--layers", "1,final",
+            "--max-length", "16", "--quiet", "--out", str(out), *extra]
+
+
+@pytest.mark.parametrize("fmt, victim", [("safetensors", "acts.safetensors"),
+                                         ("safetensors", "acts.json"),
+                                         ("parquet", "acts.parquet"),
+                                         ("hf", "acts/data-00000-of-00001.arrow")])
+def test_extract_never_replaces_a_foreign_file(fmt, victim, tiny_path, corpus, tmp_path, capsys,
+                                               monkeypatch):
+    v = tmp_path / victim
+    v.parent.mkdir(parents=True, exist_ok=True)
+    v.write_bytes(b"user data")
+    before = _tree(tmp_path)
+    _no_model(monkeypatch)
+    rc = main(_extract(tiny_path, corpus, tmp_path / "acts", "--format", fmt))
+    line = _error_line(capsys)
+    assert rc == 2 and "lmgeom did not write" in line
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "parquet", "hf"])
+def test_extract_rerun_replaces_its_own_output(fmt, tiny_path, corpus, tmp_path, capsys):
+    out = tmp_path / "acts"
+    assert main(_extract(tiny_path, corpus, out, "--format", fmt)) == 0
+    (tmp_path / "neighbour.txt").write_text("keep")
+    assert main(_extract(tiny_path, corpus, out, "--format", fmt, "--n", "6")) == 0
+    from lmgeom.activations import from_disk
+
+    src = out if fmt == "hf" else (tmp_path / "acts.parquet" if fmt == "parquet" else out)
+    assert from_disk(src).states.shape[1] == 6
+    assert (tmp_path / "neighbour.txt").read_text() == "keep"
+
+
+def test_extract_hf_never_deletes_an_existing_folder(tiny_path, corpus, tmp_path, capsys,
+                                                     monkeypatch):
+    out = tmp_path / "dataset"
+    before = _user_folder(out)
+    _no_model(monkeypatch)
+    assert main(_extract(tiny_path, corpus, out, "--format", "hf")) == 2
+    assert "lmgeom did not write" in _error_line(capsys)
+    assert _tree(out) == before
+
+
+@pytest.mark.parametrize("flag", ["--out", "--per-token", "--log-samples"])
+def test_ppl_outputs_never_replace_foreign_files(flag, tiny_path, corpus, tmp_path, capsys,
+                                                 monkeypatch):
+    victim = tmp_path / ("x.csv" if flag == "--out" else "x.parquet")
+    victim.write_text("precious")
+    _no_model(monkeypatch)
+    rc = main(["ppl", "--model", tiny_path, "--texts", corpus, "--quiet", flag, str(victim)])
+    line = _error_line(capsys)
+    assert rc == 2 and flag in line and str(victim) in line
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--out", "x.xlsx"], "unsupported file type '.xlsx'"),
+    (["--per-token", "x.csv"], "unsupported file type '.csv'"),
+    (["--out", "same.parquet", "--per-token", "same.parquet"], "name the same file"),
+    (["--out", "DIR"], "is a folder"),
+    (["--per-token", "DIR"], "is a folder"),
+    (["--out", "FILE/x.csv"], "is a file, not a folder"),
+])
+def test_ppl_output_options_are_checked_before_work(argv, needle, tiny_path, corpus, tmp_path,
+                                                    capsys, monkeypatch):
+    (tmp_path / "DIR").mkdir()
+    (tmp_path / "FILE").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    _no_model(monkeypatch)
+    assert main(["ppl", "--model", tiny_path, "--texts", corpus, "--quiet", *argv]) == 2
+    assert needle in _error_line(capsys)
+
+
+def test_ppl_rerun_replaces_its_own_table(tiny_path, corpus, tmp_path, capsys):
+    out = tmp_path / "ppl.csv"
+    argv = ["ppl", "--model", tiny_path, "--texts", corpus, "--quiet", "--max-length", "16",
+            "--out", str(out)]
+    assert main(argv) == 0
+    assert main([*argv, "--n", "5"]) == 0
+    assert len(pd.read_csv(out)) == 5
+
+
+@pytest.mark.parametrize("target, needle", [("user.csv", "did not write"),
+                                            ("DIR", "is a folder"),
+                                            ("t.xlsx", "unsupported file type")])
+def test_pga_csv_checked_before_work(target, needle, tiny_path, corpus, tmp_path, capsys,
+                                     monkeypatch):
+    (tmp_path / "user.csv").write_text("precious")
+    (tmp_path / "DIR").mkdir()
+    _no_model(monkeypatch)
+    assert main(["pga", "--model", tiny_path, "--texts", corpus, "--csv",
+                 str(tmp_path / target)]) == 2
+    assert needle in _error_line(capsys)
+    assert (tmp_path / "user.csv").read_text() == "precious"
+
+
+def test_dispersion_attach_refuses_a_folder_that_is_not_a_run(tmp_path, capsys, monkeypatch):
+    target = tmp_path / "notes"
+    before = _user_folder(target)
+    _no_model(monkeypatch)
+    assert main(["dispersion", "--attach", str(target), "--out", str(tmp_path / "d")]) == 2
+    assert "not a finished lmgeom run folder" in _error_line(capsys)
+    assert _tree(target) == before
+    assert not (tmp_path / "d").exists()
+
+
+def test_suite_refuses_a_user_folder(tmp_path, capsys):
+    out = tmp_path / "suite"
+    before = _user_folder(out)
+    (out / "suite.json").write_text("{}")
+    before = _tree(out)
+    assert main(["suite", "train", "--out", str(out), "--overwrite", "--micro"]) == 2
+    assert "suite folder lmgeom wrote" in _error_line(capsys)
+    assert _tree(out) == before
+
+
+def test_train_refuses_a_user_folder(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "ft"
+    before = _user_folder(out)
+    _no_model(monkeypatch)
+    assert main(["train", "--out", str(out), "--overwrite", "--steps", "2"]) == 2
+    assert "holds no lmgeom run" in _error_line(capsys)
+    assert _tree(out) == before
+
+
+# ------------------------------------------------------------------ stale results
+def test_edited_corpus_recomputes(tiny_path, corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = [*ANALYZE, "--model", tiny_path, "--texts", corpus, "--out", str(out)]
+    assert main(argv) == 0
+    z_old = pd.read_parquet(out / "layers.parquet")
+    Path(corpus).write_text("\n".join(f"A different corpus line {i}: {CORPUS[(3 * i) % 5]}"
+                                      .replace("\n", " ") for i in range(24)) + "\n")
+    assert main(argv) == 0
+    z_new = pd.read_parquet(out / "layers.parquet")
+    fresh = tmp_path / "fresh"
+    assert main([*argv[:-1], str(fresh)]) == 0
+    z_fresh = pd.read_parquet(fresh / "layers.parquet")
+    cols = ["layer", "metric", "setting", "value"]
+    assert not z_new[cols].equals(z_old[cols])
+    pd.testing.assert_frame_equal(z_new[cols], z_fresh[cols])
+
+
+def test_weights_replaced_in_place_recompute(tmp_path, corpus, capsys):
+    model = build_tiny(tmp_path / "model", "llama", seed=0)
+    other = build_tiny(tmp_path / "other", "llama", seed=5)
+    out = tmp_path / "run"
+    argv = [*ANALYZE, "--model", str(model), "--texts", corpus, "--out", str(out)]
+    assert main(argv) == 0
+    z_old = pd.read_parquet(out / "layers.parquet")
+    st = (model / "model.safetensors").stat()
+    shutil.copyfile(other / "model.safetensors", model / "model.safetensors")
+    os.utime(model / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns))  # same mtime
+    assert main(argv) == 0
+    z_new = pd.read_parquet(out / "layers.parquet")
+    man = json.loads((out / "manifest.json").read_text())
+    cols = ["layer", "metric", "setting", "value"]
+    assert not z_new[cols].equals(z_old[cols])
+    from lmgeom.models.load import weights_hash
+
+    assert weights_hash(model) == weights_hash(other)
+    assert weights_hash(other) in json.dumps(man)
+
+
+def test_cached_file_hash_sees_a_file_replaced_with_its_old_mtime(tmp_path):
+    from lmgeom.models.load import cached_file_hash
+
+    p = tmp_path / "w.gguf"
+    p.write_bytes(b"a" * 100)
+    h1 = cached_file_hash(p)
+    st = p.stat()
+    p.write_bytes(b"b" * 100)
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert cached_file_hash(p) != h1
+
+
+def _fake_hub(cache: Path, repo: str, commits: dict[str, str], refs: dict[str, str]) -> None:
+    base = cache / f"models--{repo.replace('/', '--')}"
+    for commit, payload in commits.items():
+        snap = base / "snapshots" / commit
+        snap.mkdir(parents=True, exist_ok=True)
+        (snap / "config.json").write_text(payload)
+    (base / "refs").mkdir(parents=True, exist_ok=True)
+    for ref, commit in refs.items():
+        (base / "refs" / ref).write_text(commit)
+
+
+def test_moved_hub_revision_changes_the_sweep_job_key(tmp_path, monkeypatch):
+    import huggingface_hub.constants as hc
+
+    from lmgeom.experiments.layer_sweep import LayerSweepConfig
+    from lmgeom.experiments.sweep import JobOptions, JobSpec, job_key
+    from lmgeom.models.load import model_fingerprint
+    from lmgeom.texts import as_textset
+
+    cache = tmp_path / "hub"
+    a, b = "a" * 40, "b" * 40
+    _fake_hub(cache, "org/m", {a: "{}", b: "{ }"}, {"step1": a})
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
+    job = JobSpec(model="org/m", spec="org/m", revision="step1", hub_revision="step1")
+    texts = as_textset(["one text", "two texts"])
+    cfg, opt = LayerSweepConfig(), JobOptions()
+    k1, f1 = job_key(job, texts, cfg, opt), model_fingerprint("org/m", "step1")
+    _fake_hub(cache, "org/m", {}, {"step1": b})  # the branch moved
+    k2, f2 = job_key(job, texts, cfg, opt), model_fingerprint("org/m", "step1")
+    assert f1["commit"] == a and f2["commit"] == b
+    assert k1 != k2
+
+
+def test_sweep_job_key_follows_weights_replaced_in_place(tmp_path):
+    from lmgeom.experiments.layer_sweep import LayerSweepConfig
+    from lmgeom.experiments.sweep import JobOptions, JobSpec, job_key
+    from lmgeom.texts import as_textset
+
+    model = build_tiny(tmp_path / "m", "llama", seed=0)
+    other = build_tiny(tmp_path / "o", "llama", seed=1)
+    job = JobSpec(model="m", spec=str(model))
+    texts = as_textset(["one text", "two texts"])
+    k1 = job_key(job, texts, LayerSweepConfig(), JobOptions())
+    shutil.copyfile(other / "model.safetensors", model / "model.safetensors")
+    assert job_key(job, texts, LayerSweepConfig(), JobOptions()) != k1
+
+
+def test_finetune_signature_follows_the_corpus_content(tmp_path):
+    from lmgeom.texts import source_fingerprint
+
+    p = tmp_path / "c.txt"
+    p.write_text("one\n")
+    f1 = source_fingerprint(str(p))
+    p.write_text("two\n")
+    assert source_fingerprint(str(p)) != f1
+    assert source_fingerprint("builtin:wiki") is None
+
+
+# ------------------------------------------------------------------ concurrent writers
+_HOLD = """
+import sys, time
+from lmgeom.results.folder import acquire_output_lock
+acquire_output_lock(sys.argv[1])
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def _hold_lock(path: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdout=subprocess.PIPE,
+                            env=env, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@pytest.mark.parametrize("kind", ["extract-safetensors", "extract-parquet", "ppl-out", "pga-csv",
+                                  "analyze-out"])
+def test_a_second_writer_is_refused_while_the_first_writes(kind, tiny_path, corpus, tmp_path,
+                                                            capsys, monkeypatch):
+    target = {"extract-safetensors": tmp_path / "acts.safetensors",
+              "extract-parquet": tmp_path / "acts.parquet",
+              "ppl-out": tmp_path / "p.csv", "pga-csv": tmp_path / "z.csv",
+              "analyze-out": tmp_path / "run"}[kind]
+    argv = {"extract-safetensors": _extract(tiny_path, corpus, tmp_path / "acts"),
+            "extract-parquet": _extract(tiny_path, corpus, tmp_path / "acts", "--format",
+                                        "parquet"),
+            "ppl-out": ["ppl", "--model", tiny_path, "--texts", corpus, "--out", str(target)],
+            "pga-csv": ["pga", "--model", tiny_path, "--texts", corpus, "--csv", str(target)],
+            "analyze-out": [*ANALYZE, "--model", tiny_path, "--texts", corpus, "--out",
+                            str(target)]}[kind]
+    proc = _hold_lock(target)
+    try:
+        _no_model(monkeypatch)
+        assert main(argv) == 2
+        assert "another lmgeom run is writing to" in _error_line(capsys)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not target.exists() or target.is_dir()
+
+
+def test_two_extract_processes_on_one_out(tiny_path, corpus, tmp_path):
+    """Two real processes race for one --out: exactly one writes, the other is refused."""
+    env = {**os.environ, "LMGEOM_QUIET": "1", "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "acts"
+    cmds = [[sys.executable, "-m", "lmgeom.cli", *_extract(tiny_path, corpus, out, "--seed",
+                                                          str(s), "--n", str(6 + s))]
+            for s in (0, 1)]
+    procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for c in cmds]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    codes = sorted(rc for rc, _ in results)
+    assert codes in ([0, 0], [0, 2]), results
+    if codes == [0, 2]:
+        assert any("another lmgeom run is writing" in err for _, err in results)
+    from lmgeom.activations import load_activations
+
+    acts = load_activations(out)
+    assert acts.states.shape[1] in (6, 7)
