@@ -34,3 +34,10 @@ class CacheError(LmgeomError):
 class ClusterError(LmgeomError):
     """The cluster cannot finish the work: its workers keep dying (killed, out of memory, node
     gone) beyond ``--retries``. Finished work is kept; the message says where."""
+
+
+class LowSampleWarning(UserWarning):
+    """A number was computed, but from too little data to be trusted (too few texts, null draws
+    or sampled pairs, or a readout dimension k at or above the rank of the data). The value is
+    still returned; results tables mark it in their ``flag`` column. The minimums and why they
+    are what they are: :mod:`lmgeom.metrics.sample_size`."""

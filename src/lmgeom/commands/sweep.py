@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .options import (
     add_engine_args,
@@ -10,6 +11,8 @@ from .options import (
     add_model_args_option,
     add_run_args,
     add_texts_args,
+    int_range,
+    nonneg_int,
 )
 
 NAME = "sweep"
@@ -23,7 +26,7 @@ DESCRIPTION = (
     "such as w128, revision = checkpoint such as step512), the regime of every checkpoint "
     "(direct / detour), manifest.json, plots (z per layer per checkpoint, tracked-layer z, "
     "validation loss and spectra vs step) and report.html. Finished jobs are reused on a rerun; "
-    "a failing job is recorded and the others go on."
+    "a failing job is recorded and the others go on, and the command then exits 1 naming it."
 )
 
 
@@ -50,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("PGA")
     g.add_argument("--k", default="auto",
                    help="readout subspace dimension: an integer, or 'auto' = min(100, d // 4) per model")
-    g.add_argument("--n-null", type=int, default=100, help="random subspaces in the null")
+    g.add_argument("--n-null", type=int_range(2), default=100, help="random subspaces in the null")
     g.add_argument("--ccr", default="1,5,10", help="CCR levels (comma list); the regime uses CCR-1")
     g.add_argument("--pairs", default="auto",
                    help="'exact', an integer (a seeded sample of pairs) or 'auto'")
@@ -61,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", action="store_true",
                    help="write the table and manifest only (no plots, no report.html)")
     add_engine_args(p)
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=nonneg_int, default=1,
                    help="torch/BLAS threads per job (1 is fastest on a shared machine; 0 = leave as is)")
     add_run_args(p, out=None)
 
@@ -89,4 +92,14 @@ def run(args) -> int:
         suite=str(Path(args.suite).resolve()) if args.suite else None, name=name)
     args.out = args.out or f"runs/sweep-{name}"
     run = run_and_report(config, args, report=not args.no_report)
-    return 0 if run.result.n_failed < len(jobs) else 1
+    failed = run.result.entries.get("failed_jobs", [])
+    if not failed:
+        return 0
+    # a sweep with a failed job is not a success: exit 1, naming them (the finished jobs'
+    # rows are written and reused by a rerun, which retries only the failed ones)
+    names = ", ".join(f"{f['name']} ({str(f.get('error') or '').split(':')[0]})" for f in failed)
+    print(f"lmgeom sweep: {len(failed)} of {len(jobs)} jobs failed: {names}; the other jobs' "
+          f"rows are in {run.path}/sweep.parquet, the errors in manifest.json (failed_jobs); "
+          "fix the cause and rerun the same command to run only the failed jobs",
+          file=sys.stderr)
+    return 1

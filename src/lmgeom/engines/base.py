@@ -15,7 +15,8 @@ and produce the same numbers. The ``ray`` engine:
   raised, its worker process died (killed, out of memory) or its node left the cluster, and
   counts every attempt (:attr:`TaskOutcome.attempts`, :attr:`TaskOutcome.history`); a job
   that still fails is returned as a failure with the reason, and every other job's result
-  is kept;
+  is kept. A user error (any :class:`~lmgeom.errors.LmgeomError`: missing weights, a bad
+  option, unusable texts) is deterministic and never retried, on either engine;
 * forwards the ``LMGEOM_*`` environment variables set in this process to the workers, except
   ``LMGEOM_CACHE``: a node's activation cache is its own (the ``LMGEOM_CACHE`` its
   ``ray start`` was given, else ``~/.cache/lmgeom`` there).
@@ -32,13 +33,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import ClusterError, ConfigError  # noqa: F401 - ClusterError re-exported
+from ..errors import ClusterError, ConfigError, LmgeomError  # noqa: F401 - ClusterError re-exported
 
 log = logging.getLogger(__name__)
 
 ENGINES = ("local", "ray")
-#: failures that depend only on the user's settings: retrying cannot help
-NOT_RETRYABLE = ("ConfigError", "TextsError", "DataError")
+#: failures that depend only on the user's inputs and settings (every
+#: :class:`~lmgeom.errors.LmgeomError`): retrying cannot help. Subclasses defined elsewhere
+#: are found by :func:`retryable` too.
+NOT_RETRYABLE = ("LmgeomError", "ConfigError", "TextsError", "DataError", "ModelError",
+                 "CacheError", "ClusterError")
 
 
 @dataclass(frozen=True)
@@ -124,8 +128,26 @@ class TaskOutcome:
         return self.error is None
 
 
-def retryable(error_type: str | None) -> bool:
-    return error_type not in NOT_RETRYABLE
+def _user_error_names() -> set[str]:
+    """Names of :class:`~lmgeom.errors.LmgeomError` and every subclass defined so far."""
+    names: set[str] = set()
+    todo: list[type] = [LmgeomError]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ not in names:
+            names.add(cls.__name__)
+            todo.extend(cls.__subclasses__())
+    return names
+
+
+def retryable(error_type: str | None, exc: BaseException | None = None) -> bool:
+    """Whether a failure may be retried: an infrastructure failure (a crash, a worker or node
+    that died, an ``OSError``, out of memory) yes; a user error (an
+    :class:`~lmgeom.errors.LmgeomError`, by its class when ``exc`` is given, else by the name
+    ``error_type``) never: it would fail the same way again."""
+    if isinstance(exc, LmgeomError):
+        return False
+    return error_type not in NOT_RETRYABLE and error_type not in _user_error_names()
 
 
 def judge(value: Any, failure_of) -> tuple[str, str] | None:
@@ -166,8 +188,9 @@ class Engine(Protocol):
             names: labels for log messages.
 
         Returns:
-            One outcome per call, in call order. A retryable failure (not a ConfigError /
-            TextsError / DataError) is attempted up to ``1 + config.retries`` times.
+            One outcome per call, in call order. A retryable failure (not an
+            :class:`~lmgeom.errors.LmgeomError`, :func:`retryable`) is attempted up to
+            ``1 + config.retries`` times; a user error once.
         """
         ...
 

@@ -43,7 +43,7 @@ class LocalEngine:
                 if fail is None:
                     res = TaskOutcome(value, None, None, attempt, history=history)
                     break
-                if attempt <= cfg.retries and retryable(fail[0]):
+                if attempt <= cfg.retries and retryable(fail[0], err):
                     log.warning("%s failed (attempt %d of %d): %s; retrying", names[i], attempt,
                                 1 + cfg.retries, fail[1])
                     history.append(f"attempt {attempt}: {fail[1]}"[:500])

@@ -129,7 +129,7 @@ class RayEngine:
                 except ray.exceptions.RayError as exc:  # the call raised, its worker / node died
                     etype, msg, tb, err = failure_of_ray_error(ray, exc)
                     value, fail = None, (etype, msg)
-                if fail is not None and attempt <= cfg.retries and retryable(fail[0]):
+                if fail is not None and attempt <= cfg.retries and retryable(fail[0], err):
                     log.warning("%s failed (attempt %d of %d): %s; retrying", names[i], attempt,
                                 1 + cfg.retries, fail[1])
                     history[i].append(f"attempt {attempt}: {fail[1]}"[:500])

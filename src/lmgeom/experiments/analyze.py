@@ -19,6 +19,7 @@ import pandas as pd
 
 from ..engines.base import EngineConfig, make_engine
 from ..errors import ConfigError
+from ..metrics.sample_size import split_flags, warn_low_sample
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
 from ..results.console import format_table
@@ -143,13 +144,20 @@ def analyze_model(
                                  progress=progress)
         timings.update(tm)
         frames = [df]
+        skipped = None
         if probes:
-            from .probes import probe_rows
+            from .probes import probe_labels, probe_rows, probe_skip_reason
 
-            t = time.perf_counter()
-            frames.append(table.frame(probe_rows(model, acts, folds=folds, seed=cfg.seed,
-                                                 revision=revision, progress=progress)))
-            timings["probes_s"] = time.perf_counter() - t
+            # too few texts per class for the optional probes: skip them, keep the run
+            skipped = probe_skip_reason(probe_labels(acts), folds=folds,
+                                        text_labels=getattr(texts, "labels", None))
+            if skipped is not None:
+                warn_low_sample(f"{label or model.name}: {skipped}")
+            else:
+                t = time.perf_counter()
+                frames.append(table.frame(probe_rows(model, acts, folds=folds, seed=cfg.seed,
+                                                     revision=revision, progress=progress)))
+                timings["probes_s"] = time.perf_counter() - t
         samples = None
         if log_samples:
             from .layer_sweep import model_basis
@@ -166,6 +174,8 @@ def analyze_model(
                 "n_truncated": acts.n_truncated,
                 "batches_cached": acts.timings["batches_cached"],
                 "host": socket.gethostname(), "pid": os.getpid()}
+        if skipped is not None:
+            info["probes_skipped"] = skipped
         del model, acts
     out = pd.concat(frames, ignore_index=True)
     if label is not None:
@@ -297,12 +307,31 @@ class AnalyzeResult:
         return [{"layer": layer, **{f"z {c}": float(r[c]) for c in cols}}
                 for (_, layer), r in z.iterrows()]
 
+    def flag_note(self, model: str) -> str:
+        """One line under a model's z table when some of its z values rest on too little data
+        (``""`` when none): which flags, in which layers."""
+        from .layer_sweep import layer_span
+
+        df = self.frame
+        if "flag" not in df.columns:
+            return ""
+        g = df.loc[(df["model"] == model) & (df["metric"] == "pga_z") & (df["flag"] != "")]
+        if g.empty:
+            return ""
+        codes = dict.fromkeys(c for f in g["flag"] for c in split_flags(f))
+        layers = list(dict.fromkeys(g.sort_values("layer_index")["layer"].astype(str)))
+        return (f"LOW SAMPLE ({', '.join(codes)}) in layer(s) {layer_span(layers)}: these z "
+                "rest on too little data (see the warnings and the table's 'flag' column)")
+
     def summary(self) -> str:
         cfg = self.config.layers
         parts = []
         for model in dict.fromkeys(self.frame["model"].astype(str)):
             parts.append(f"\nSubspace PGA z per layer — {model} (k={cfg.k}, n_null={cfg.n_null})")
             parts.append(format_table(self.z_table(model), floatfmt="{:.2f}"))
+            note = self.flag_note(model)
+            if note:
+                parts.append(note)
         return "\n".join(parts).lstrip("\n") if parts else "(no rows)"
 
 

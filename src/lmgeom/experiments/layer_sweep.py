@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from .._io import write_json
+from .._io import stable_hash, write_json
 from .._testing import pause
 from ..errors import ConfigError, LmgeomError
+from ..metrics.sample_size import describe_flag, join_flags, split_flags, warn_low_sample
 from ..results import table
 
 log = logging.getLogger(__name__)
@@ -84,43 +85,125 @@ def model_basis(model, config: LayerSweepConfig) -> np.ndarray:
     return readout_basis(W, config.k, gain=gain)
 
 
-def layer_metrics(X: np.ndarray, basis: np.ndarray, config: LayerSweepConfig, label: str) -> list[dict[str, Any]]:
-    """Metric rows (without model/layer columns) for one layer's ``(N, d)`` states."""
+def layer_metrics(X: np.ndarray, basis: np.ndarray, config: LayerSweepConfig, label: str,
+                  *, warn: bool = True) -> list[dict[str, Any]]:
+    """Metric rows (without model/layer columns) for one layer's ``(N, d)`` states.
+
+    A value computed from too little data (:mod:`lmgeom.metrics.sample_size`) carries its flag
+    codes in the row's ``flag`` and, with ``warn``, a :class:`~lmgeom.errors.LowSampleWarning`
+    per message (prefixed ``layer <label>``).
+    """
+    rows, notes = layer_rows(X, basis, config, label)
+    if warn:
+        for msg in notes:
+            warn_low_sample(f"layer {label}: {msg}", stacklevel=2)
+    return rows
+
+
+def layer_rows(X: np.ndarray, basis: np.ndarray, config: LayerSweepConfig,
+               label: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """:func:`layer_metrics` without the warnings: ``(rows, low-sample messages)``."""
     from .. import metrics as M
 
     rows: list[dict[str, Any]] = []
+    notes: list[str] = []
     n = X.shape[0]
     pairs = config.resolved_pairs(n)
     try:
         # every CCR level of the layer at once: one eigendecomposition, one batched projection
         # per null frame (same frames and results as one subspace_pga call per level)
         levels = M.subspace_pga_levels(X, basis, ccr=config.ccr, n_null=config.n_null,
-                                       pairs=pairs, seed=config.seed, device=config.device)
+                                       pairs=pairs, seed=config.seed, device=config.device,
+                                       warn=False)
+        row_flags: set[str] = set()  # flags about the rows themselves: every metric's
         for m in config.ccr:
             r = levels[m]
             s = f"ccr={m}"
             npairs = float(r.pairs)
+            f = {"flag": r.flag} if r.flags else {}
+            notes += [w for w in r.warnings if w not in notes]
+            row_flags |= set(r.flags) & ROW_FLAGS
             rows += [
-                dict(metric="pga_z", setting=s, value=r.z, seed=config.seed, n=npairs),
-                dict(metric="rho_readout", setting=s, value=r.rho_readout, n=npairs),
-                dict(metric="null_mean", setting=s, value=r.null_mean, seed=config.seed, n=npairs),
-                dict(metric="null_std", setting=s, value=r.null_std, seed=config.seed, n=npairs),
-                dict(metric="null_z_low", setting=s, value=r.null_z_low, seed=config.seed, n=npairs),
-                dict(metric="null_z_high", setting=s, value=r.null_z_high, seed=config.seed, n=npairs),
-                dict(metric="p_value", setting=s, value=r.p_value, seed=config.seed, n=npairs),
+                dict(metric="pga_z", setting=s, value=r.z, seed=config.seed, n=npairs, **f),
+                dict(metric="rho_readout", setting=s, value=r.rho_readout, n=npairs, **f),
+                dict(metric="null_mean", setting=s, value=r.null_mean, seed=config.seed, n=npairs, **f),
+                dict(metric="null_std", setting=s, value=r.null_std, seed=config.seed, n=npairs, **f),
+                dict(metric="null_z_low", setting=s, value=r.null_z_low, seed=config.seed, n=npairs, **f),
+                dict(metric="null_z_high", setting=s, value=r.null_z_high, seed=config.seed, n=npairs, **f),
+                dict(metric="p_value", setting=s, value=r.p_value, seed=config.seed, n=npairs, **f),
             ]
+        f = {"flag": join_flags(row_flags)} if row_flags else {}
         pc = M.pc1_readout_share(X, basis)
         rows += [
-            dict(metric="pc1_share", value=pc.share, n=n),
-            dict(metric="pc1_baseline", value=pc.baseline, n=n),
-            dict(metric="pc1_evr", value=pc.evr, n=n),
+            dict(metric="pc1_share", value=pc.share, n=n, **f),
+            dict(metric="pc1_baseline", value=pc.baseline, n=n, **f),
+            dict(metric="pc1_evr", value=pc.evr, n=n, **f),
         ]
         if config.spectral:
             for name, val in M.spectral_summary(X).items():
-                rows.append(dict(metric=name, value=float(val), n=n))
+                rows.append(dict(metric=name, value=float(val), n=n, **f))
     except LmgeomError as exc:
         raise type(exc)(f"layer {label}: {exc}") from exc
-    return rows
+    return rows, notes
+
+
+#: flags that concern a layer's rows (few texts / distinct states) rather than PGA's settings:
+#: they also mark the layer's PC1 and spectral rows
+ROW_FLAGS = frozenset({"low_n", "few_distinct"})
+
+
+class LowSampleNotes:
+    """Low-sample messages of a sweep over layers, emitted at the end as one
+    :class:`~lmgeom.errors.LowSampleWarning` per distinct message with the layers it concerns
+    (instead of one per layer and CCR level)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.layers: dict[str, list[str]] = {}
+
+    def add(self, layer: str, messages: list[str]) -> None:
+        for msg in messages:
+            got = self.layers.setdefault(msg, [])
+            if layer not in got:
+                got.append(layer)
+
+    def add_cached(self, layer: str, rows: list[dict[str, Any]]) -> None:
+        """A layer reused from the per-layer cache: its messages from the rows' flag codes."""
+        codes = {c for r in rows for c in split_flags(r.get("flag"))}
+        self.add(layer, [f"{describe_flag(c)} (flag {c})" for c in sorted(codes)])
+
+    def emit(self, stacklevel: int = 2) -> list[str]:
+        out = []
+        for msg, layers in self.layers.items():
+            where = "layer" if len(layers) == 1 else "layers"
+            out.append(f"{self.what}, {where} {layer_span(layers)}: {msg} (marked in the "
+                       "'flag' column)")
+        for line in out:
+            warn_low_sample(line, stacklevel=stacklevel + 1)
+        return out
+
+
+def layer_span(labels: list[str]) -> str:
+    """``["0", "1", "2", "3", "5", "final"]`` -> ``"0-3, 5, final"``."""
+    parts: list[str] = []
+    run: list[int] = []
+
+    def flush() -> None:
+        if run:
+            parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+            run.clear()
+
+    for lab in labels:
+        if lab.isdigit() and (not run or int(lab) == run[-1] + 1):
+            run.append(int(lab))
+            continue
+        flush()
+        if lab.isdigit():
+            run.append(int(lab))
+        else:
+            parts.append(lab)
+    flush()
+    return ", ".join(parts)
 
 
 def run_layer_sweep(
@@ -144,9 +227,11 @@ def run_layer_sweep(
     L = model.n_blocks
     work = Path(work_dir) if work_dir else None
     all_rows: list[dict[str, Any]] = []
+    notes = LowSampleNotes(f"{model.name}@{revision}" if revision else model.name)
     bar = progress_bar(len(acts.layers), f"metrics {model.name}", progress)
     for i, label in enumerate(acts.layers):
-        cached = work / f"metrics-{_safe(model.name)}-{_safe(revision)}-{label}.json" if work else None
+        cached = (work / f"metrics-{_safe(model.name)}-{_safe(revision)}-{label}-"
+                         f"{_content_key(model, acts.states[i], config)}.json") if work else None
         if cached is not None and cached.is_file():
             try:
                 rows = json.loads(cached.read_text())
@@ -155,16 +240,20 @@ def run_layer_sweep(
         else:
             rows = None
         if rows is None:
-            rows = layer_metrics(acts.states[i], basis, config, label)
+            rows, msgs = layer_rows(acts.states[i], basis, config, label)
+            notes.add(label, msgs)
             if cached is not None:
                 write_json(cached, rows)
             pause("metrics")
+        else:
+            notes.add_cached(label, rows)
         idx = model.point_index(label)
         for r in rows:
             all_rows.append(table.row(model=model.name, revision=revision, layer=label,
                                       layer_index=idx, depth=idx / (L + 1), **r))
         bar.update(1)
     bar.close()
+    notes.emit()
     t_pga = time.perf_counter() - t0
     t1 = time.perf_counter()
     if config.logit_lens and "final" in acts.layers:
@@ -179,6 +268,20 @@ def run_layer_sweep(
             all_rows.append(table.row(metric="logit_lens_kl", value=res.kl, ci_low=res.kl - half,
                                       ci_high=res.kl + half, **common))
     return table.frame(all_rows), {"metrics_s": t_pga, "logit_lens_s": time.perf_counter() - t1}
+
+
+def _content_key(model, states, config: LayerSweepConfig) -> str:
+    """What a layer's cached metrics depend on, by content: the states themselves, the
+    readout's weights (the model identity: weights hash, resolved revision, tokenizer) and every
+    setting. A changed corpus, weights replaced in place or a moved hub revision give a new key,
+    so ``.work/`` never answers with another input's numbers."""
+    import hashlib
+
+    from ..activations.forward import model_identity
+
+    h = hashlib.sha256(np.ascontiguousarray(states).tobytes())
+    h.update(stable_hash([model_identity(model), config_dict(config)]).encode())
+    return h.hexdigest()[:16]
 
 
 def _safe(s: str) -> str:
@@ -221,9 +324,11 @@ def pga_rows(model, acts, config: LayerSweepConfig, *, revision: str = ""):
     basis = model_basis(model, config)
     config = replace(config, spectral=False)
     summary, tidy = [], []
+    notes = LowSampleNotes(f"{model.name}@{revision}" if revision else model.name)
     for i, label in enumerate(acts.layers):
-        got = {(r["metric"], r.get("setting", "")): r
-               for r in layer_metrics(acts.states[i], basis, config, label)}
+        rows, msgs = layer_rows(acts.states[i], basis, config, label)
+        notes.add(label, msgs)
+        got = {(r["metric"], r.get("setting", "")): r for r in rows}
         for m in config.ccr:
             s = f"ccr={m}"
             summary.append({"layer": label, "ccr": m, "z": got[("pga_z", s)]["value"],
@@ -231,11 +336,16 @@ def pga_rows(model, acts, config: LayerSweepConfig, *, revision: str = ""):
                             "null_mean": got[("null_mean", s)]["value"],
                             "null_std": got[("null_std", s)]["value"],
                             "p_value": got[("p_value", s)]["value"],
-                            "pairs": int(got[("pga_z", s)]["n"])})
+                            "pairs": int(got[("pga_z", s)]["n"]),
+                            "flag": got[("pga_z", s)].get("flag", "")})
         idx = model.point_index(label)
         for r in got.values():
             tidy.append(table.row(model=model.name, revision=revision, layer=label,
                                   layer_index=idx, depth=idx / (model.n_blocks + 1), **r))
+    notes.emit()
+    if not any(r["flag"] for r in summary):  # the flag column only where something is flagged
+        for r in summary:
+            del r["flag"]
     return summary, table.frame(tidy)
 
 
@@ -243,5 +353,5 @@ def pga_rows(model, acts, config: LayerSweepConfig, *, revision: str = ""):
 SweepConfig = LayerSweepConfig
 
 
-__all__ = ["LayerSweepConfig", "config_dict", "layer_metrics", "model_basis", "parse_ccr",
-           "parse_pairs", "pga_rows", "run_layer_sweep"]
+__all__ = ["LayerSweepConfig", "LowSampleNotes", "config_dict", "layer_metrics", "layer_rows",
+           "layer_span", "model_basis", "parse_ccr", "parse_pairs", "pga_rows", "run_layer_sweep"]

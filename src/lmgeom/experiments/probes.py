@@ -24,6 +24,49 @@ from .layer_sweep import LayerSweepConfig, config_dict, run_layer_sweep
 from .options import ModelOptions, TextOptions
 
 
+def probe_labels(acts) -> np.ndarray:
+    """The label of every row of ``acts`` ``(N,)`` (tokens pooling: each row its text's)."""
+    if acts.labels is None:
+        raise TextsError("linear probes need labeled texts (a label column, or builtin:domains)")
+    y = np.asarray(acts.labels)
+    if acts.row_text is not None:  # tokens pooling: each row carries its text's label
+        y = y[np.asarray(acts.row_text, dtype=np.int64)]
+    return y
+
+
+def probe_skip_reason(labels, *, folds: int = 5, text_labels=None) -> str | None:
+    """Why the linear probes cannot run on these labels (a single class, or a class with
+    fewer members than ``folds``), with the ``--n`` that would be enough; None when they can.
+
+    Args:
+        labels: the label of every row the probes would see ``(N,)``.
+        folds: CV folds.
+        text_labels: the label of every text (for the ``--n`` suggestion; default ``labels``).
+    """
+    y = np.asarray(labels)
+    classes, counts = np.unique(y, return_counts=True)
+    names = [c.item() if hasattr(c, "item") else c for c in classes]
+    if classes.size < 2:
+        one = f" ({names[0]!r})" if names else ""
+        return (f"linear probes skipped: the texts have a single label{one}; a probe needs at "
+                "least 2 classes (the rest of the run goes on)")
+    small = counts < folds
+    if not small.any():
+        return None
+    tl = y if text_labels is None else np.asarray(text_labels)
+    _, tcounts = np.unique(tl, return_counts=True)
+    n_texts = int(tcounts.sum())
+    lo = max(1, int(tcounts.min()))
+    if int(tcounts.max()) - int(tcounts.min()) <= 1:  # a label-balanced sample
+        need = folds * int(tcounts.size)
+    else:
+        need = math.ceil(folds * n_texts / lo)
+    desc = ", ".join(f"{c}: {int(k)}" for c, k in zip(names, counts))
+    return (f"linear probes skipped: {int(small.sum())} of {classes.size} classes have fewer "
+            f"than folds={folds} members ({desc}; {int(counts.sum())} rows); --n {need} or more "
+            f"would give every class {folds} (or lower --folds); the rest of the run goes on")
+
+
 def probe_rows(model, acts, *, folds: int = 5, seed: int = 0, C: float = 1.0, revision: str = "",
                progress: bool | None = None) -> list[dict]:
     from scipy import stats
@@ -31,11 +74,7 @@ def probe_rows(model, acts, *, folds: int = 5, seed: int = 0, C: float = 1.0, re
     from ..activations.core import progress_bar
     from ..metrics import probe_accuracy
 
-    if acts.labels is None:
-        raise TextsError("linear probes need labeled texts (a label column, or builtin:domains)")
-    y = np.asarray(acts.labels)
-    if acts.row_text is not None:  # tokens pooling: each row carries its text's label
-        y = y[np.asarray(acts.row_text, dtype=np.int64)]
+    y = probe_labels(acts)
     L = model.n_blocks
     rows = []
     bar = progress_bar(len(acts.layers), f"probes {model.name}", progress)

@@ -57,7 +57,9 @@ from .options import ModelOptions, TextOptions
 log = logging.getLogger(__name__)
 
 SPECTRAL = ("rankme", "alpha_req", "isoscore", "mean_cosine", "condition_number")
-SWEEP_VERSION = "1"
+#: part of every job's cache key: "2" added the tidy table's ``flag`` column (low-sample
+#: values), so jobs cached without it are recomputed (same numbers, now flagged)
+SWEEP_VERSION = "2"
 
 
 # --------------------------------------------------------------------------- jobs
@@ -136,12 +138,11 @@ def job_key(job: JobSpec, texts, config: LayerSweepConfig, options: JobOptions) 
     ident: dict[str, Any] = {"spec": job.spec, "revision": job.hub_revision,
                              "weights": job.weights_sha256}
     if job.weights_sha256 is None:
-        p = Path(job.spec)
-        if p.is_dir() and (p / "config.json").is_file():
-            from ..models.load import weights_hash
+        # by content: weights replaced in place or a moved hub branch give a new key
+        from ..models.load import model_fingerprint
 
-            with contextlib.suppress(LmgeomError, OSError):
-                ident["weights"] = weights_hash(p)
+        with contextlib.suppress(LmgeomError, OSError):
+            ident["weights"] = model_fingerprint(job.spec, job.hub_revision)
     return stable_hash({
         "v": SWEEP_VERSION, "model": ident, "label": [job.model, job.revision],
         "val_loss": job.val_loss, "texts": texts.hash, "config": config_dict(config),
@@ -317,7 +318,8 @@ def run_jobs(
         fpath, ipath = _result_paths(work, key)
         if fpath.is_file() and ipath.is_file():
             try:
-                res = JobResult(job, pd.read_parquet(fpath), json.loads(ipath.read_text()), None)
+                res = JobResult(job, table.normalise(pd.read_parquet(fpath)),
+                                json.loads(ipath.read_text()), None)
                 res.info["reused"] = True
                 res.info["key"] = key
                 results[i] = res
@@ -457,8 +459,23 @@ def gather(results: Sequence[JobResult], *, primary_ccr: int = 1) -> tuple[pd.Da
         "regimes": {(f"{m}@{r}" if r else m): reg.describe() for (m, r), reg in regimes.items()},
         "regime_labels": {(f"{m}@{r}" if r else m): reg.label for (m, r), reg in regimes.items()},
         "tracked_layers": tracked,
+        "low_sample": low_sample_jobs(results),
     }
     return df, entries
+
+
+def low_sample_jobs(results: Sequence[JobResult]) -> dict[str, str]:
+    """``model@revision`` -> the low-sample flag codes of its rows (jobs with none left out)."""
+    from ..metrics.sample_size import join_flags, split_flags
+
+    out = {}
+    for r in results:
+        if not r.ok or r.frame is None or "flag" not in r.frame.columns:
+            continue
+        codes = [c for f in r.frame["flag"].dropna().unique() for c in split_flags(f)]
+        if codes:
+            out[r.job.name] = join_flags(codes)
+    return out
 
 
 # --------------------------------------------------------------------------- whole sweep
@@ -515,7 +532,11 @@ class SweepResult:
                 out += [f"\n{key}: {entries['regimes'].get(key, 'no regime')}{tail}",
                         format_table(rows, floatfmt="{:.2f}")]
         out += ["WARNING: identical weights: " + ", ".join(g) for g in entries["identical_weights"]]
-        out += [f"FAILED {f['name']}: {f['error']}" for f in entries["failed_jobs"]]
+        out += [f"LOW SAMPLE {name}: {codes} (see the 'flag' column)"
+                for name, codes in entries.get("low_sample", {}).items()]
+        out += [f"FAILED {f['name']} (after {f.get('attempts', 1)} attempt"
+                f"{'s' if f.get('attempts', 1) != 1 else ''}): {f['error']}"
+                for f in entries["failed_jobs"]]
         n = len(self.results)
         out.append(f"\n{n - self.n_failed} of {n} jobs ok")
         return "\n".join(out).lstrip("\n")

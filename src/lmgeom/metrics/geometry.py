@@ -17,7 +17,6 @@ guarantee that on its own), so that duplicate texts give exact distance ties dow
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -170,7 +169,8 @@ def ccr(X: Any, m: int = 1, *, label: str | None = None) -> np.ndarray:
 
     Raises:
         ConfigError: m < 0, or m >= the numerical rank of the centred X (nothing would be left).
-        DataError: non-finite values, or fewer than 2 rows.
+        DataError: non-finite values, fewer than 2 rows, all rows identical, or so few
+            distinct rows that the centred X has rank <= m (the message says how many).
     """
     m = check_int(m, name="ccr (number of components removed)", minimum=0, label=label)
     return ccr_levels(X, (m,), label=label).residuals[m]
@@ -220,7 +220,9 @@ def ccr_levels(X: Any, levels: Any, *, label: str | None = None) -> CCRLevels:
     if not np.any(np.abs(Xc) > ZERO_RTOL * scale):
         raise data_error(
             f"X has no variance: all {n} rows are (numerically) identical, so every row is zero "
-            "after centring — identical texts collapse onto the mean; pass distinct texts",
+            "after centring — identical texts collapse onto the mean (or, with last-token "
+            "pooling, every text ends in the same token); pass distinct texts or use "
+            "pooling='mean' (--pooling mean)",
             label,
         )
     m_max = levels[-1]
@@ -238,6 +240,9 @@ def ccr_levels(X: Any, levels: Any, *, label: str | None = None) -> CCRLevels:
         for m in levels:
             if m > 0 and (lam[0] <= 0 or lam[m] <= (RANK_RTOL ** 2) * lam[0]):
                 rank = int(np.count_nonzero(lam > (RANK_RTOL ** 2) * max(lam[0], 0.0)))
+                few = _few_distinct_error(A, m, rank, label)
+                if few is not None:
+                    raise few
                 raise config_error(
                     f"CCR-{m}: the centred X has numerical rank {rank} <= {m} (singular values "
                     f"below {RANK_RTOL:g} x the largest count as zero), so removing {m} "
@@ -260,6 +265,24 @@ def ccr_levels(X: Any, levels: Any, *, label: str | None = None) -> CCRLevels:
         out[m] = np.ldexp(R, e) if e else R
     return CCRLevels(residuals=out, directions=P, coefficients=_canonicalise(T, rep), rep=rep,
                      exponent=e)
+
+
+def _few_distinct_error(A: np.ndarray, m: int, rank: int, label: str | None) -> Exception | None:
+    """The DataError for a CCR-m rank failure whose cause is too few *distinct* rows (k
+    distinct rows span at most k - 1 dimensions after centring; with last-token pooling, texts
+    that end in the same token give the same state at the embedding layer), else None."""
+    rep = duplicate_groups(A)
+    n = A.shape[0]
+    k = n if rep is None else int(np.unique(rep).size)
+    if k - 1 > m:
+        return None
+    why = ("does every text end in the same token?" if 2 * k <= n
+           else "texts that end in the same token share a state")
+    return data_error(
+        f"only {k} distinct states among {n} rows ({why}), so the centred X has rank {rank} "
+        f"and CCR-{m} leaves nothing; use pooling='mean' (--pooling mean) or more varied texts",
+        label,
+    )
 
 
 def _rows_float64(W: Any, r0: int, r1: int) -> np.ndarray:
@@ -369,11 +392,9 @@ def iter_frames(rng: np.random.Generator, dims: list[tuple[int, int]],
 
 def _frame_cache_budget() -> int:
     """Bytes the null-frame cache may hold (``LMGEOM_FRAME_CACHE_MB``, default 512; 0 = off)."""
-    try:
-        mb = float(os.environ.get("LMGEOM_FRAME_CACHE_MB", "512"))
-    except ValueError:
-        mb = 512.0
-    return max(0, int(mb * 2**20))
+    from .._env import frame_cache_mb
+
+    return max(0, int(frame_cache_mb() * 2**20))
 
 
 _FRAME_CACHE: OrderedDict[tuple[int, int, int, int], tuple[np.ndarray, ...]] = OrderedDict()

@@ -16,10 +16,12 @@ P = 5e7, ~2.4 GB with 2 workers; ``pairs=200_000``: ~10 MB whatever N).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import scipy.linalg
 
 from lmgeom.metrics._common import (
     as_matrix,
@@ -41,7 +43,21 @@ from lmgeom.metrics._pairs import (
     zero_rows_error,
 )
 from lmgeom.metrics._rank import keyed_available, weighted_reference
-from lmgeom.metrics.geometry import CCRLevels, cached_frames, ccr_levels, top_directions
+from lmgeom.metrics.geometry import (
+    RANK_RTOL,
+    CCRLevels,
+    cached_frames,
+    ccr_levels,
+    top_directions,
+)
+from lmgeom.metrics.sample_size import (
+    MIN_PAIRS,
+    MIN_PAIRS_HARD,
+    join_flags,
+    numerical_rank,
+    pga_flags,
+    warn_low_sample,
+)
 
 __all__ = [
     "PC1Share",
@@ -65,6 +81,8 @@ class Prepared:
     d: int
     scale_raw: float  # largest input row norm
     scale: float  # largest preprocessed row norm
+    fro2_raw: float = math.inf  # squared Frobenius norm of the (power-of-two scaled) input
+    n_distinct: int = 0  # distinct input rows (0: not counted)
 
     @property
     def n_unique(self) -> int:
@@ -86,6 +104,8 @@ def prepare_levels(X: Any, levels: Any, *, name: str = "X",
     if scale_raw == 0:
         raise data_error(f"{name} is all zeros", label)
     lv = ccr_levels(A, levels, label=label)
+    fro2 = float(np.dot(raw_norms, raw_norms))
+    n_distinct = n if lv.rep is None else int(np.unique(lv.rep).size)
     out = {}
     for m, Xp in lv.residuals.items():
         norms = np.sqrt(np.einsum("ij,ij->i", Xp, Xp))
@@ -94,7 +114,7 @@ def prepare_levels(X: Any, levels: Any, *, name: str = "X",
             raise zero_rows_error(bad, n, f"in {name} after centring/CCR-{m}", label)
         Xu, inv = unique_rows(Xp)
         out[m] = Prepared(Xu=Xu, inv=inv, n=n, d=d, scale_raw=scale_raw,
-                          scale=float(norms.max()))
+                          scale=float(norms.max()), fro2_raw=fro2, n_distinct=n_distinct)
     return out, lv
 
 
@@ -220,6 +240,11 @@ class PGAResult:
         pairs: number of pairs used; exact: True when every pair i < j was used.
         n, d: shape of X; n_unique: number of distinct rows after preprocessing.
         precision: dtype of the readout / null-frame projections ("float64" or "float32").
+        flags: low-sample flag codes (:mod:`lmgeom.metrics.sample_size`), ``()`` for an
+            ordinary result: ``low_n``, ``few_distinct``, ``low_null``, ``low_pairs``,
+            ``k_rank``.
+        warnings: one message per flag: what is too small and what to do (also emitted as a
+            :class:`~lmgeom.errors.LowSampleWarning` unless ``warn=False``).
     """
 
     z: float
@@ -240,11 +265,26 @@ class PGAResult:
     d: int
     n_unique: int
     precision: str
+    flags: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        """The flags as the results table's ``flag`` string (``""``: none)."""
+        return join_flags(self.flags)
+
+    @property
+    def low_sample(self) -> bool:
+        """True when z was computed from too little data (any flag set)."""
+        return bool(self.flags)
 
     def to_dict(self) -> dict:
-        """All scalar fields (the null draws excluded), e.g. for a results table row."""
+        """All scalar fields (the null draws and the messages excluded; the flags as one
+        ``flag`` string), e.g. for a results table row."""
         out = asdict(self)
         out.pop("null")
+        out.pop("warnings")
+        out["flags"] = self.flag
         return out
 
 
@@ -260,6 +300,7 @@ def subspace_pga(
     workers: int | None = None,
     precision: str = "auto",
     label: str | None = None,
+    warn: bool = True,
 ) -> PGAResult:
     """Subspace PGA of one layer's states against a readout basis (METHODS.md).
 
@@ -284,22 +325,30 @@ def subspace_pga(
         workers: CPU worker threads for the null frames (default: 2 when there are >= 2
             cores and >= 20 000 pairs, else 1; ignored on torch devices). Results do not
             depend on it.
-        label: prefix for error messages (e.g. "layer 12").
+        label: prefix for error and warning messages (e.g. "layer 12").
+        warn: emit a :class:`~lmgeom.errors.LowSampleWarning` per low-sample flag (the flags
+            and messages are in the result either way).
 
     Returns:
-        :class:`PGAResult`.
+        :class:`PGAResult`. A z computed from too little data (fewer than 10 rows or distinct
+        states, fewer than 20 null draws, fewer than 1000 sampled pairs, or k at or above the
+        rank of the preprocessed states) is returned with ``flags`` set and a warning
+        (:mod:`lmgeom.metrics.sample_size` gives the minimums and why).
 
     Raises:
-        ConfigError: k >= d, k <= 0, n_null < 2, pairs < 1, ccr < 0 or >= the rank of X,
-            non-orthonormal basis, unusable device.
+        ConfigError: k >= d, k <= 0, n_null < 2, pairs < 1, fewer than 10 sampled pairs,
+            ccr < 0 or >= the rank of X, non-orthonormal basis, unusable device.
         DataError: N < 4, NaN/Inf, rows of zero norm after preprocessing, all distances equal.
     """
     n_null, ccr, pairs, seed = check_common(n_null, ccr, pairs, seed, label)
     precision = check_precision(precision, label)
     # single-threaded BLAS throughout: parallelism comes from the frame workers
     with blas_threads():
-        return _subspace_pga(X, basis, n_null, ccr, pairs, seed, device, workers, precision,
-                             label)
+        res = _subspace_pga(X, basis, n_null, ccr, pairs, seed, device, workers, precision,
+                            label)
+    if warn:
+        _warn(res.warnings)
+    return res
 
 
 def subspace_pga_levels(
@@ -314,6 +363,7 @@ def subspace_pga_levels(
     workers: int | None = None,
     precision: str = "auto",
     label: str | None = None,
+    warn: bool = True,
 ) -> dict[int, PGAResult]:
     """Subspace PGA of one layer at several CCR levels at once.
 
@@ -334,8 +384,8 @@ def subspace_pga_levels(
 
     Args:
         ccr: the CCR levels (non-empty iterable of ints >= 0; duplicates are merged).
-        X, basis, n_null, pairs, seed, device, workers, precision, label: as in
-            :func:`subspace_pga`.
+        X, basis, n_null, pairs, seed, device, workers, precision, label, warn: as in
+            :func:`subspace_pga` (a message shared by several levels is emitted once).
 
     Returns:
         ``{m: PGAResult}`` for each level, in increasing m.
@@ -344,8 +394,18 @@ def subspace_pga_levels(
     n_null, _, pairs, seed = check_common(n_null, 0, pairs, seed, label)
     precision = check_precision(precision, label)
     with blas_threads():
-        return _pga_levels(X, basis, levels, n_null, pairs, seed, device, workers, precision,
-                           label)
+        res = _pga_levels(X, basis, levels, n_null, pairs, seed, device, workers, precision,
+                          label)
+    if warn:
+        _warn([w for r in res.values() for w in r.warnings])
+    return res
+
+
+def _warn(messages: Any) -> None:
+    """One :class:`~lmgeom.errors.LowSampleWarning` per distinct message, in order (pointing
+    at the caller of subspace_pga / subspace_pga_levels)."""
+    for msg in dict.fromkeys(messages):
+        warn_low_sample(msg, stacklevel=3)
 
 
 def _check_levels(ccr: Any, label: str | None) -> tuple[int, ...]:
@@ -397,6 +457,16 @@ def _pga_levels(X: Any, basis: Any, levels: tuple[int, ...], n_null: int, pairs:
     V = check_basis(basis, d, label=label)
     k = V.shape[1]
     plan = make_plan(n, pairs, seed, label)
+    if not plan.exact and plan.n_pairs < MIN_PAIRS_HARD:
+        raise config_error(
+            f"pairs={plan.n_pairs}: a Spearman correlation of fewer than {MIN_PAIRS_HARD} "
+            f"sampled distances is noise; use pairs >= {MIN_PAIRS} or pairs=None (every one of "
+            f"the {n * (n - 1) // 2} pairs)",
+            label,
+        )
+    flags = pga_flags(n=n, n_distinct=any_prep.n_distinct, n_null=n_null,
+                      n_pairs=int(plan.n_pairs), exact=plan.exact, k=k,
+                      ranks=_level_ranks(preps, lv, levels, k), label=label)
     runner = make_runner(plan.n_pairs, device, workers, label)
     fdt = frame_dtype(precision, plan, runner)
     w = runner.main
@@ -426,12 +496,50 @@ def _pga_levels(X: Any, basis: Any, levels: tuple[int, ...], n_null: int, pairs:
         for j, st in enumerate(states):
             s = null_summary(st.rho, null[:, j], label)
             prep = st.prep
+            fl = flags[None] + flags.get(st.m, [])
             results[st.m] = PGAResult(
                 rho_readout=st.rho, null=frozen_array(null[:, j]), k=int(k), n_null=n_null,
                 ccr=st.m, pairs=int(plan.n_pairs), exact=plan.exact, seed=seed, n=prep.n,
-                d=prep.d, n_unique=prep.n_unique, precision=np.dtype(fdt).name, **s,
+                d=prep.d, n_unique=prep.n_unique, precision=np.dtype(fdt).name,
+                flags=tuple(c for c, _ in fl), warnings=tuple(w for _, w in fl), **s,
             )
     return {m: results[m] for m in levels}
+
+
+#: Extra rows in the cheap rank certificate of :func:`_level_ranks`.
+_RANK_SLACK = 16
+
+
+def _level_ranks(preps: dict[int, Prepared], lv: CCRLevels, levels: tuple[int, ...],
+                 k: int) -> dict[int, int] | None:
+    """Rank r_m of the states after centring / CCR-m per level, or None when every r_m > k.
+
+    Ranks count singular values above ``RANK_RTOL`` x the largest of the centred X (the CCR
+    check's convention). Cheap in the ordinary case: the top level's first ``k + 1 + 16``
+    distinct rows are a submatrix of its states, so their (k+1)-th singular value is a lower
+    bound of the states', and ``||X||_F`` an upper bound of the largest: when the one exceeds
+    ``RANK_RTOL`` x the other, every level has rank > k (a ~1 ms eigendecomposition of a small
+    Gram matrix). Otherwise the rank is computed from the top level's full Gram matrix.
+    """
+    t = levels[-1]
+    top = preps[t]
+    q = k + 1
+    if top.n_unique >= q:
+        S = top.Xu[:min(top.n_unique, q + _RANK_SLACK)]
+        lam = scipy.linalg.eigvalsh(S @ S.T)
+        if lam[-q] > (RANK_RTOL ** 2) * top.fro2_raw:
+            return None
+    R = lv.residuals[t]
+    if t == 0:
+        r_t = numerical_rank(R, RANK_RTOL)
+    else:
+        # relative to the centred X's largest singular value (lambda_0 = ||Xc p_1||^2)
+        c0 = lv.coefficients[:, 0]
+        lam0 = float(np.ldexp(np.dot(c0, c0), 2 * lv.exponent))
+        C = R @ R.T if R.shape[0] <= R.shape[1] else R.T @ R
+        lam = scipy.linalg.eigvalsh(C)
+        r_t = int(np.count_nonzero(lam > (RANK_RTOL ** 2) * lam0))
+    return {m: r_t + (t - m) for m in levels}
 
 
 def _null_loop(runner: Any, states: list[_Level], lv: CCRLevels, layout: Any, fdt: type,

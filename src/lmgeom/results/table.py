@@ -19,6 +19,9 @@ ci_low       float  lower end of the 95 % interval (NaN when none)
 ci_high      float  upper end of the 95 % interval (NaN when none)
 seed         float  seed of the sampling the value depends on (NaN when deterministic)
 n            float  number of samples (texts, chunks, pairs, ...) the value rests on
+flag         str    ``""`` for an ordinary value; else why it rests on too little data, as
+                    ``";"``-joined codes (``low_n``, ``few_distinct``, ``low_null``,
+                    ``low_pairs``, ``k_rank``: :mod:`lmgeom.metrics.sample_size`)
 """
 
 from __future__ import annotations
@@ -47,7 +50,11 @@ COLUMNS: tuple[str, ...] = (
     "ci_high",
     "seed",
     "n",
+    "flag",
 )
+
+#: columns of text (the others are numbers)
+_STR_COLUMNS = ("model", "revision", "layer", "metric", "setting", "flag")
 
 _DEFAULTS: dict[str, Any] = {
     "revision": "",
@@ -59,6 +66,7 @@ _DEFAULTS: dict[str, Any] = {
     "ci_high": math.nan,
     "seed": math.nan,
     "n": math.nan,
+    "flag": "",
 }
 
 
@@ -77,7 +85,8 @@ def row(**fields: Any) -> dict[str, Any]:
 def frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """Build a tidy table with the canonical column order and dtypes."""
     df = pd.DataFrame(list(rows), columns=list(COLUMNS))
-    for c in ("model", "revision", "layer", "metric", "setting"):
+    df["flag"] = df["flag"].where(df["flag"].notna(), "")  # rows from before the column
+    for c in _STR_COLUMNS:
         df[c] = df[c].astype(str)
     df["layer_index"] = df["layer_index"].astype("int64")
     for c in ("depth", "value", "ci_low", "ci_high", "seed", "n"):
@@ -101,10 +110,19 @@ def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
     path = Path(path)
     if path.suffix == ".csv":
         df = pd.read_csv(path, keep_default_na=False, na_values=[""])
-        for c in ("model", "revision", "layer", "metric", "setting"):
-            df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
+        for c in _STR_COLUMNS:
+            if c in df.columns:
+                df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
         return frame(df.to_dict("records"))
-    return pd.read_parquet(path)
+    return normalise(pd.read_parquet(path))
+
+
+def normalise(df: pd.DataFrame) -> pd.DataFrame:
+    """A table written before a column existed (``flag``) with that column added (``""``)."""
+    if "flag" not in df.columns:
+        df = df.copy()
+        df["flag"] = ""
+    return df
 
 
 _STEP = re.compile(r"step[_-]?(\d+)$")

@@ -1,0 +1,216 @@
+"""Documented minimum sample sizes: when a number is refused, and when it is computed but flagged.
+
+lmgeom never prints a statistically empty number as if it were an ordinary one (DESIGN.md,
+"Trust rules"). Below a *hard* minimum a metric refuses with a typed error
+(:class:`~lmgeom.errors.ConfigError` for an option, :class:`~lmgeom.errors.DataError` for the
+data) that names the value and the fix. Between the hard and the *soft* minimum it computes the
+number, emits a :class:`~lmgeom.errors.LowSampleWarning` and records a flag code in its result
+(``PGAResult.flags`` / ``PGAResult.warnings``); the experiments copy the codes into the results
+table's ``flag`` column (``";"``-joined, ``""`` for an ordinary value).
+
+Subspace PGA (``subspace_pga``, ``subspace_pga_levels``):
+
+================  ===========================  ====================  ==============
+quantity          refused (hard minimum)        flagged below         flag code
+================  ===========================  ====================  ==============
+rows N            N < :data:`MIN_ROWS_HARD`     :data:`MIN_ROWS`      ``low_n``
+distinct states   1 (no variance)               :data:`MIN_ROWS`      ``few_distinct``
+null draws        n_null < :data:`MIN_NULL_HARD`  :data:`MIN_NULL`    ``low_null``
+sampled pairs     pairs < :data:`MIN_PAIRS_HARD`  :data:`MIN_PAIRS`   ``low_pairs``
+readout dim k     k >= d                        k >= rank r_m         ``k_rank``
+CCR-m             m >= rank of the centred X    (r_m <= k: k_rank)    ``k_rank``
+================  ===========================  ====================  ==============
+
+``r_m`` is the numerical rank of the states after centring and CCR-m: the rank of the centred
+X (at most N - 1, and at most the number of distinct rows - 1) minus m, counting singular
+values above ``RANK_RTOL`` x the largest (:data:`lmgeom.metrics.geometry.RANK_RTOL`).
+
+Linear probes: a class with fewer members than ``folds`` is refused by
+:func:`~lmgeom.metrics.probe_accuracy`; ``analyze`` then skips the probes (with a warning that
+says which ``--n`` would be enough) and keeps the rest of the run.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable
+
+import numpy as np
+
+from lmgeom.errors import LowSampleWarning
+
+__all__ = [
+    "FLAG_CODES",
+    "MIN_NULL",
+    "MIN_NULL_HARD",
+    "MIN_PAIRS",
+    "MIN_PAIRS_HARD",
+    "MIN_ROWS",
+    "MIN_ROWS_HARD",
+    "LowSampleWarning",
+    "describe_flag",
+    "join_flags",
+    "numerical_rank",
+    "pga_flags",
+    "split_flags",
+    "warn_low_sample",
+]
+
+#: Fewest rows (texts) Subspace PGA accepts at all: with 3 rows there are 3 distances, and a
+#: Spearman correlation of 3 values takes only 4 distinct values. (METHODS.md: "N < 4" is an
+#: error.)
+MIN_ROWS_HARD = 4
+
+#: Fewest rows (texts) for an unflagged z: N rows give N(N-1)/2 distances, but they are
+#: distances among only N points whose centred span has at most N - 1 dimensions; below 10
+#: points (45 distances, rank <= 9) the correlations rest on a handful of degrees of freedom,
+#: and the same z can move by whole units when one text is swapped. The paper uses N = 512.
+#: Also the threshold for distinct states (``few_distinct``): identical rows (e.g. every text
+#: ending in the same token, with last-token pooling) are one point.
+MIN_ROWS = 10
+
+#: Fewest null draws accepted: the null std is taken with ddof = 1.
+MIN_NULL_HARD = 2
+
+#: Fewest null draws for an unflagged z: z divides by the std of the null correlations, whose
+#: relative standard error is about 1 / sqrt(2 (n_null - 1)): +-35 % with 5 draws, +-16 % with
+#: 20, +-7 % with the default 100; and the empirical p-value cannot go below 1 / (1 + n_null)
+#: (0.05 at 20 draws).
+MIN_NULL = 20
+
+#: Fewest *sampled* pairs accepted: a Spearman correlation of fewer than 10 distances takes so
+#: few distinct values that z is noise. (Exact mode uses every pair; its floor is the row count.)
+MIN_PAIRS_HARD = 10
+
+#: Fewest sampled pairs for an unflagged z: the sampling error of a Spearman correlation over
+#: M of the P pairs is about sqrt((1 - M/P) / M) (0.03 for 1000 of many), comparable to the
+#: spread of the null correlations themselves above that; a sample whose error exceeds that of
+#: 1000 pairs is flagged (so 990 of 1000 pairs are not). ``pairs="auto"`` samples 250 000.
+MIN_PAIRS = 1000
+
+#: Flag codes in a fixed order (the order of :func:`join_flags`), with what each means.
+FLAG_CODES: dict[str, str] = {
+    "low_n": f"fewer than {MIN_ROWS} rows (texts)",
+    "few_distinct": f"fewer than {MIN_ROWS} distinct states among the rows",
+    "low_null": f"fewer than {MIN_NULL} null draws (n_null)",
+    "low_pairs": f"fewer than {MIN_PAIRS} sampled pairs",
+    "k_rank": "readout dimension k at or above the rank of the (centred / CCR) states",
+}
+
+
+def describe_flag(code: str) -> str:
+    """What a flag code means (the code itself for an unknown one)."""
+    return FLAG_CODES.get(code, code)
+
+
+def join_flags(codes: Iterable[str]) -> str:
+    """Flag codes as the table's ``flag`` string: unique, in :data:`FLAG_CODES` order,
+    ``";"``-joined (``""``: none)."""
+    got = {c for c in codes if c}
+    order = [c for c in FLAG_CODES if c in got] + sorted(got - set(FLAG_CODES))
+    return ";".join(order)
+
+
+def split_flags(flag: str | None) -> tuple[str, ...]:
+    """Inverse of :func:`join_flags` (``""``, ``None`` or NaN: no flags)."""
+    if not isinstance(flag, str) or not flag:
+        return ()
+    return tuple(c for c in flag.split(";") if c)
+
+
+def warn_low_sample(message: str, *, stacklevel: int = 2) -> None:
+    """Emit ``message`` as a :class:`~lmgeom.errors.LowSampleWarning`."""
+    warnings.warn(message, LowSampleWarning, stacklevel=stacklevel + 1)
+
+
+def _prefix(label: str | None) -> str:
+    return f"{label}: " if label else ""
+
+
+def numerical_rank(A: np.ndarray, rtol: float) -> int:
+    """Numerical rank of ``A`` (n, d): singular values above ``rtol`` x the largest, from the
+    eigenvalues of the smaller Gram matrix (the convention of the CCR rank check)."""
+    import scipy.linalg
+
+    n, d = A.shape
+    C = A @ A.T if n <= d else A.T @ A
+    lam = scipy.linalg.eigvalsh(C)
+    top = float(lam[-1]) if lam.size else 0.0
+    if not top > 0:
+        return 0
+    return int(np.count_nonzero(lam > (rtol ** 2) * top))
+
+
+def pga_flags(*, n: int, n_distinct: int, n_null: int, n_pairs: int, exact: bool, k: int,
+              ranks: dict[int, int] | None,
+              label: str | None = None) -> dict[int | None, list[tuple[str, str]]]:
+    """The low-sample flags of one PGA computation.
+
+    Args:
+        n: rows; n_distinct: distinct input rows; n_null: null draws; n_pairs, exact: the pairs
+            used; k: readout dimension.
+        ranks: CCR level m -> r_m (rank after centring / CCR-m), or None when every r_m is
+            known to exceed k.
+        label: message prefix (e.g. ``"layer 3"``).
+
+    Returns:
+        ``{None: [(code, message), ...] for every level, m: [...] for level m only}``.
+    """
+    p = _prefix(label)
+    common: list[tuple[str, str]] = []
+    if n < MIN_ROWS:
+        common.append(("low_n", (
+            f"{p}PGA on only n={n} rows (texts): {n * (n - 1) // 2} distances among {n} points "
+            f"(fewer than {MIN_ROWS}) make z unreliable; pass at least {MIN_ROWS} texts (the "
+            "paper uses 512)")))
+    elif n_distinct < MIN_ROWS:
+        common.append(("few_distinct", (
+            f"{p}only {n_distinct} distinct states among {n} rows (does every text end in the "
+            f"same token?): z rests on {n_distinct} points (fewer than {MIN_ROWS}); use "
+            "pooling='mean' (--pooling mean) or more varied texts")))
+    if n_null < MIN_NULL:
+        rse = 100.0 / math.sqrt(2.0 * (n_null - 1))
+        common.append(("low_null", (
+            f"{p}n_null={n_null} null draws (fewer than {MIN_NULL}): the null std that z "
+            f"divides by is uncertain by about +-{rse:.0f} % and the p-value cannot go below "
+            f"{1.0 / (1 + n_null):.2g}; use n_null >= {MIN_NULL} (default 100)")))
+    total = n * (n - 1) // 2
+    se = math.sqrt(max(0.0, 1.0 - n_pairs / total) / n_pairs) if n_pairs and total else 0.0
+    if not exact and se > 1.0 / math.sqrt(MIN_PAIRS):
+        common.append(("low_pairs", (
+            f"{p}z rests on {n_pairs} sampled pairs of {total} (fewer than {MIN_PAIRS}): the "
+            f"sampling error of each correlation is about {se:.2f}; use pairs >= {MIN_PAIRS} "
+            "or every pair (pairs=None / --pairs exact)")))
+    out: dict[int | None, list[tuple[str, str]]] = {None: common}
+    for m, r in (ranks or {}).items():
+        if k < r:
+            continue
+        r0 = r + m
+        if m > 0 and k < r0:
+            why = (f"CCR-{m} leaves rank {r} of the centred states' {r0}, and k={k} >= {r}: the "
+                   "readout subspace is as large as what is left of the data, so readout and "
+                   f"random frames preserve the distances alike and z is not meaningful; use "
+                   f"a ccr below {r0 - k} or a smaller k")
+        else:
+            after = "centring" + (f"/CCR-{m}" if m else "")
+            span = max(0, min(n_distinct, n) - 1)
+            same = ("the readout subspace is as large as the data's span, so readout and "
+                    "random frames preserve the distances alike and z is not meaningful")
+            smaller_k = f"k < {r} or " if r > 1 else ""
+            if r0 >= span:  # the row count limits the rank: more (distinct) texts help
+                if n_distinct < n:
+                    dist = f"{n_distinct} distinct states"
+                    more = (f"more than k + ccr + 1 = {k + m + 1} distinct states (more varied "
+                            "texts, or pooling='mean')")
+                else:
+                    dist = f"n={n} rows"
+                    more = f"more than k + ccr + 1 = {k + m + 1} texts"
+                why = (f"k={k} >= {r}, the rank of the states after {after} ({dist} span at "
+                       f"most {span} dimensions): {same}; use {smaller_k}{more}")
+            else:
+                why = (f"k={k} >= {r}, the numerical rank of the states after {after} (the "
+                       f"{n} rows span only {r0} dimensions): {same}; use "
+                       + (f"k < {r}" if r > 1 else "a smaller ccr or other texts"))
+        out[m] = [("k_rank", f"{p}{why}")]
+    return out
