@@ -212,6 +212,45 @@ def test_documented_minimums():
     assert "10" in S.describe_flag("low_n") and S.describe_flag("zzz") == "zzz"
 
 
+# --------------------------------------------------------------------------- convergence
+
+
+def _pair(n: int = 80):
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((n, 20))
+    B = A @ rng.standard_normal((20, 24)) + 0.1 * rng.standard_normal((n, 24))
+    Va = np.linalg.qr(rng.standard_normal((20, 4)))[0]
+    Vb = np.linalg.qr(rng.standard_normal((24, 5)))[0]
+    return A, B, Va, Vb
+
+
+@pytest.mark.parametrize("kw,flags,match", [
+    ({"n_null": 5}, ("low_null",), r"n_null=5 null draws"),
+    ({"pairs": 200}, ("low_pairs",), r"200 sampled pairs of 3160"),
+    ({"rows": 7}, ("low_n",), r"only n=7 rows"),
+])
+def test_cross_model_alignment_warns_and_flags(kw, flags, match):
+    A, B, Va, Vb = _pair()
+    n = kw.pop("rows", len(A))
+    with pytest.warns(LowSampleWarning, match=match):
+        r = M.cross_model_alignment(A[:n], B[:n], Va[:, :2] if n < 10 else Va,
+                                    Vb[:, :2] if n < 10 else Vb, **{"n_null": 20, **kw})
+    assert r.flags == flags and r.to_dict()["flags"] == ";".join(flags)
+
+
+def test_cross_model_alignment_k_rank_names_the_model_and_refuses_few_pairs():
+    A, B, Va, Vb = _pair()
+    low = np.random.default_rng(0).standard_normal((80, 3)) @ np.random.default_rng(1) \
+        .standard_normal((3, 24))
+    with pytest.warns(LowSampleWarning, match=r"^model B: k=5 >= 2"):
+        r = M.cross_model_alignment(A, low, Va, Vb, n_null=20, ccr=1)
+    assert r.flags == ("k_rank",)
+    ok = _no_low_sample_warning(M.cross_model_alignment, A, B, Va, Vb, n_null=20)
+    assert ok.flags == () and ok.flag == ""
+    with pytest.raises(ConfigError, match="pairs=5: "):
+        M.cross_model_alignment(A, B, Va, Vb, n_null=20, pairs=5)
+
+
 # --------------------------------------------------------------------------- tidy table
 
 

@@ -94,7 +94,7 @@ def converge_pair(model_a, acts_a, basis_a, model_b, acts_b, basis_b, config: Co
         idx = model_a.point_index(a)
         setting = f"vs={model_b.name};layer_b={b};ccr={config.ccr}"
         common = dict(model=model_a.name, layer=a, layer_index=idx, depth=idx / (L + 1),
-                      setting=setting, n=float(r.pairs))
+                      setting=setting, n=float(r.pairs), flag=r.flag)
         rows += [
             table.row(metric="conv_full", value=r.rho_full, **common),
             table.row(metric="conv_readout", value=r.rho_readout, **common),
@@ -111,9 +111,10 @@ def converge_pair(model_a, acts_a, basis_a, model_b, acts_b, basis_b, config: Co
         bar = progress_bar(len(la) * len(lb), "heatmap", progress)
         for i, a in enumerate(la):
             for j, b in enumerate(lb):
+                # only rho_readout is used (no z): no low-sample warning for n_null=2
                 r = cross_model_alignment(acts_a.layer(a), acts_b.layer(b), basis_a, basis_b,
                                           n_null=2, ccr=config.ccr, pairs=config.heatmap_pairs,
-                                          seed=config.seed)
+                                          seed=config.seed, warn=False)
                 matrix[i, j] = r.rho_readout
                 bar.update(1)
         bar.close()

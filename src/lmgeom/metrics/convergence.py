@@ -14,19 +14,29 @@ from typing import Any
 
 import numpy as np
 
-from lmgeom.metrics._common import blas_threads, data_error
+from lmgeom.metrics._common import blas_threads, config_error, data_error
 from lmgeom.metrics._null_runner import make_runner
 from lmgeom.metrics._pairs import build_layout, make_plan
 from lmgeom.metrics.geometry import iter_frames
 from lmgeom.metrics.pga import (
+    _level_ranks,
+    _warn,
     check_basis,
     check_common,
     check_precision,
     frame_dtype,
     frozen_array,
     null_summary,
-    prepare,
+    prepare_levels,
     readout_projection,
+)
+from lmgeom.metrics.sample_size import (
+    MIN_NULL,
+    MIN_PAIRS,
+    MIN_PAIRS_HARD,
+    join_flags,
+    pga_flags,
+    split_flags,
 )
 
 __all__ = ["AlignmentResult", "cross_model_alignment"]
@@ -47,6 +57,9 @@ class AlignmentResult:
         k_a, k_b, d_a, d_b, n, n_null, ccr, seed: sizes and settings used.
         pairs: number of pairs used; exact: True when every pair was used.
         precision: dtype of the readout / null-frame projections ("float64" or "float32").
+        flags: low-sample flag codes, as in :class:`~lmgeom.metrics.PGAResult` (``()`` for
+            an ordinary result); warnings: their messages (``k_rank`` / ``few_distinct`` once
+            per model concerned).
     """
 
     rho_full: float
@@ -69,11 +82,20 @@ class AlignmentResult:
     exact: bool
     seed: int
     precision: str
+    flags: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        """The flags as a results table's ``flag`` string (``""``: none)."""
+        return join_flags(self.flags)
 
     def to_dict(self) -> dict:
-        """All scalar fields (the null draws excluded)."""
+        """All scalar fields (the null draws and messages excluded; flags as one string)."""
         out = asdict(self)
         out.pop("null")
+        out.pop("warnings")
+        out["flags"] = self.flag
         return out
 
 
@@ -91,6 +113,7 @@ def cross_model_alignment(
     workers: int | None = None,
     precision: str = "auto",
     label: str | None = None,
+    warn: bool = True,
 ) -> AlignmentResult:
     """Spearman agreement of two models' distance structures, full vs readout vs random frames.
 
@@ -105,7 +128,8 @@ def cross_model_alignment(
         pairs: None -> every pair; an int -> one seeded sample of distinct pairs
             (:func:`sample_pairs`), shared by both models and all spaces.
         seed: seeds the frames and the pair sample.
-        device, workers, precision, label: as in :func:`subspace_pga`.
+        device, workers, precision, label, warn: as in :func:`subspace_pga` (the same
+            low-sample minimums, :mod:`lmgeom.metrics.sample_size`; k_rank per model).
 
     Returns:
         :class:`AlignmentResult`.
@@ -113,15 +137,19 @@ def cross_model_alignment(
     n_null, ccr, pairs, seed = check_common(n_null, ccr, pairs, seed, label)
     precision = check_precision(precision, label)
     with blas_threads():  # single-threaded BLAS: parallelism comes from the frame workers
-        return _alignment(X_a, X_b, basis_a, basis_b, n_null, ccr, pairs, seed, device, workers,
-                          precision, label)
+        res = _alignment(X_a, X_b, basis_a, basis_b, n_null, ccr, pairs, seed, device, workers,
+                         precision, label)
+    if warn:
+        _warn(res.warnings)
+    return res
 
 
 def _alignment(X_a: Any, X_b: Any, basis_a: Any, basis_b: Any, n_null: int, ccr: int,
                pairs: int | None, seed: int, device: Any, workers: int | None, precision: str,
                label: str | None) -> AlignmentResult:
-    pa = prepare(X_a, ccr, name="X_a", label=label)
-    pb = prepare(X_b, ccr, name="X_b", label=label)
+    preps_a, lv_a = prepare_levels(X_a, (ccr,), name="X_a", label=label)
+    preps_b, lv_b = prepare_levels(X_b, (ccr,), name="X_b", label=label)
+    pa, pb = preps_a[ccr], preps_b[ccr]
     if pa.n != pb.n:
         raise data_error(
             f"X_a has {pa.n} rows but X_b has {pb.n}; both must hold the same texts in the "
@@ -132,6 +160,21 @@ def _alignment(X_a: Any, X_b: Any, basis_a: Any, basis_b: Any, n_null: int, ccr:
     Vb = check_basis(basis_b, pb.d, name="basis_b", label=label)
     ka, kb = Va.shape[1], Vb.shape[1]
     plan = make_plan(pa.n, pairs, seed, label)
+    if not plan.exact and plan.n_pairs < MIN_PAIRS_HARD:
+        raise config_error(
+            f"pairs={plan.n_pairs}: a Spearman correlation of fewer than {MIN_PAIRS_HARD} "
+            f"sampled distances is noise; use pairs >= {MIN_PAIRS} or pairs=None (every pair)",
+            label,
+        )
+    # shared by both models: rows, null draws, pairs; per model: distinct states, k vs rank
+    fl = pga_flags(n=pa.n, n_distinct=pa.n, n_null=n_null, n_pairs=int(plan.n_pairs),
+                   exact=plan.exact, k=0, ranks=None, label=label)[None]
+    for name, preps, lv, k in (("model A", preps_a, lv_a, ka), ("model B", preps_b, lv_b, kb)):
+        got = pga_flags(n=pa.n, n_distinct=preps[ccr].n_distinct, n_null=MIN_NULL,
+                        n_pairs=int(plan.n_pairs), exact=True, k=k,
+                        ranks=_level_ranks(preps, lv, (ccr,), k),
+                        label=f"{label}: {name}" if label else name)
+        fl += [f for f in got[None] + got.get(ccr, []) if f[0] != "low_n"]
     lay_a = build_layout(plan, pa.inv, pa.n_unique, ka)
     lay_b = build_layout(plan, pb.inv, pb.n_unique, kb)
     runner = make_runner(plan.n_pairs, device, workers, label)
@@ -167,5 +210,7 @@ def _alignment(X_a: Any, X_b: Any, basis_a: Any, basis_b: Any, n_null: int, ccr:
     return AlignmentResult(
         rho_full=float(rho_full), rho_readout=float(rho_read), null=frozen_array(null),
         k_a=int(ka), k_b=int(kb), d_a=pa.d, d_b=pb.d, n=pa.n, n_null=n_null, ccr=ccr,
-        pairs=int(plan.n_pairs), exact=plan.exact, seed=seed, precision=np.dtype(fdt).name, **s,
+        pairs=int(plan.n_pairs), exact=plan.exact, seed=seed, precision=np.dtype(fdt).name,
+        flags=tuple(split_flags(join_flags(c for c, _ in fl))),
+        warnings=tuple(w for _, w in fl), **s,
     )

@@ -161,7 +161,7 @@ def pga_flags(*, n: int, n_distinct: int, n_null: int, n_pairs: int, exact: bool
     common: list[tuple[str, str]] = []
     if n < MIN_ROWS:
         common.append(("low_n", (
-            f"{p}PGA on only n={n} rows (texts): {n * (n - 1) // 2} distances among {n} points "
+            f"{p}only n={n} rows (texts): {n * (n - 1) // 2} distances among {n} points "
             f"(fewer than {MIN_ROWS}) make z unreliable; pass at least {MIN_ROWS} texts (the "
             "paper uses 512)")))
     elif n_distinct < MIN_ROWS:
