@@ -80,6 +80,15 @@ def test_sampled_pairs_below_hard_minimum_are_refused(pairs):
         M.subspace_pga_levels(X, V, ccr=(0, 1), n_null=20, pairs=pairs, label="layer 7")
 
 
+@pytest.mark.parametrize("pairs", [0, 3, 9])
+def test_layer_sweep_refuses_few_pairs_before_any_work(pairs):
+    from lmgeom.experiments.layer_sweep import LayerSweepConfig
+
+    with pytest.raises(ConfigError, match=rf"pairs={pairs}: .*--pairs 1000 or more"):
+        LayerSweepConfig(pairs=pairs)
+    assert LayerSweepConfig(pairs=10).pairs == 10
+
+
 def test_identical_rows_name_the_same_last_token():
     X, V = _data()
     with pytest.raises(DataError, match="identical texts.*same token.*pooling='mean'"):

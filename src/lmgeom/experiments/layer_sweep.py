@@ -20,7 +20,14 @@ import numpy as np
 from .._io import stable_hash, write_json
 from .._testing import pause
 from ..errors import ConfigError, LmgeomError
-from ..metrics.sample_size import describe_flag, join_flags, split_flags, warn_low_sample
+from ..metrics.sample_size import (
+    MIN_PAIRS,
+    MIN_PAIRS_HARD,
+    describe_flag,
+    join_flags,
+    split_flags,
+    warn_low_sample,
+)
 from ..results import table
 
 log = logging.getLogger(__name__)
@@ -57,6 +64,12 @@ class LayerSweepConfig:
             raise ConfigError("give at least one CCR level")
         if any(m < 0 for m in self.ccr):
             raise ConfigError("CCR levels must be >= 0")
+        p = self.pairs
+        if isinstance(p, int) and not isinstance(p, bool) and p < MIN_PAIRS_HARD:
+            # refused before any forward pass (the metric would refuse it per layer)
+            raise ConfigError(f"pairs={p}: a Spearman correlation of fewer than {MIN_PAIRS_HARD} "
+                              f"sampled distances is noise; use --pairs {MIN_PAIRS} or more, or "
+                              "--pairs exact (every pair)")
 
     def resolved_pairs(self, n: int) -> int | None:
         if self.pairs in ("auto", None, "exact", "all"):
