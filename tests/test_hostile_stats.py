@@ -496,3 +496,34 @@ def test_sweep_records_low_sample_jobs(tiny, tmp_path):
                       out_dir=tmp_path / "o", options=JobOptions(k=4))
     assert again.results[0].info.get("reused")
     pd.testing.assert_series_equal(again.frame["flag"], res.frame["flag"])
+
+
+def test_ray_engine_does_not_retry_a_user_error(tiny, tmp_path, monkeypatch):
+    """On Ray too: the job whose model path does not exist is attempted once (ModelError),
+    the other job's rows are kept."""
+    ray = pytest.importorskip("ray")
+    from lmgeom.engines.base import EngineConfig
+    from lmgeom.experiments.layer_sweep import LayerSweepConfig
+    from lmgeom.experiments.sweep import JobOptions, JobSpec, run_sweep
+    from lmgeom.texts import as_textset
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
+                 log_to_driver=False)
+    try:
+        jobs = [JobSpec(model="missing", spec=str(tmp_path / "no-such-model")),
+                JobSpec(model="tiny", spec=tiny)]
+        res = run_sweep(jobs, as_textset(_texts(24)),
+                        LayerSweepConfig(n_null=20, ccr=(1,), max_length=24, layers="1",
+                                         logit_lens=False),
+                        out_dir=tmp_path / "o", options=JobOptions(k=4, cache=False),
+                        engine=EngineConfig(engine="ray", retries=2))
+    finally:
+        if started:
+            ray.shutdown()
+    att = {r.job.name: (r.ok, r.info["attempts"]) for r in res.results}
+    assert att == {"missing": (False, 1), "tiny": (True, 1)}
+    assert "ModelError" in res.results[0].error and res.entries["failed_jobs"][0]["attempts"] == 1
+    assert (res.frame[res.frame.metric == "pga_z"].model == "tiny").sum() == 1
