@@ -143,7 +143,7 @@ def test_nan_states_name_the_layer(tiny_dir, tmp_path):
 @pytest.mark.parametrize("extra, needle", [
     (["--k", "32"], "smaller than the width"),
     (["--k", "0"], "k"),
-    (["--k", "4", "--n-null", "1"], "n_null"),
+    (["--k", "4", "--n-null", "1"], "--n-null must be >= 2"),
     (["--k", "4", "--ccr", "40"], "CCR"),
 ])
 def test_pga_option_errors(extra, needle, tiny_path, corpus, capsys):

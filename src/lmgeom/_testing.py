@@ -45,7 +45,9 @@ def hold(point: str) -> None:
     with open(pid_file + ".tmp", "w") as fh:
         fh.write(f"{os.getpid()}\n{os.environ.get('LMGEOM_TEST_NODE', '')}\n")
     os.replace(pid_file + ".tmp", pid_file)
-    deadline = time.monotonic() + float(os.environ.get("LMGEOM_TEST_HOLD_S", "120"))
+    from ._env import hold_seconds
+
+    deadline = time.monotonic() + hold_seconds()
     release = os.path.join(folder, f"{point}.release")
     while time.monotonic() < deadline:
         if os.path.exists(release):

@@ -2,9 +2,19 @@
 
 Each sub-command lives in ``lmgeom.commands.<name>`` and defines ``NAME``, ``HELP``,
 ``add_arguments(parser)`` and ``run(args) -> int``. ``main(argv)`` is what tests call.
-User mistakes (:class:`~lmgeom.errors.LmgeomError`) and an unusable disk (full, read-only:
-an ``OSError`` naming a file) print one line and exit 2; Ctrl-C prints one line saying what
-this run finished and kept, and exits 130. No traceback in either case (``-vv`` logs it).
+
+Every error ends in ONE stderr line ``lmgeom CMD: error: ...`` that names the input and the fix:
+
+* a bad option value (``--n 0``, ``--seed -1``, ``--dtype x``): argparse, exit 2;
+* anything :func:`~lmgeom.commands.options.validate_args` finds before the command starts
+  (``LMGEOM_*`` variables, ``--device`` / ``--metrics-device``, ``--revision`` on a model that
+  is not on the hub, a missing optional package), and every user mistake the library finds
+  (:class:`~lmgeom.errors.LmgeomError`): exit 2;
+* an unusable disk (full, read-only: an ``OSError`` naming a file): exit 2;
+* Ctrl-C: one line saying what this run finished and kept, exit 130;
+* anything else is a bug or an unsupported input: ``unexpected <type>: <message>``, exit 1.
+
+No traceback in any case; ``-v`` logs the traceback of an unexpected error, ``-vv`` of all.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import errno
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -50,8 +61,33 @@ def _load(name: str):
         raise
 
 
+class _UsageExit(SystemExit):
+    """A command line argparse rejected; the one line is already printed (exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with lmgeom's error format: one line, no usage block, a pointer to --help.
+
+    ``argument --n: must be >= 1 (got 0)`` (from the validated types in
+    :mod:`lmgeom.commands.options`) reads ``--n must be >= 1 (got 0)``."""
+
+    def error(self, message: str):  # type: ignore[override]
+        _usage_error(self.prog, message)
+
+
+def _usage_error(prog: str, message: str):
+    """Print argparse's complaint as lmgeom's one line and exit 2 (:class:`_UsageExit`)."""
+    message = " ".join(message.split())
+    m = re.match(r"argument ([^:]+): (.*)$", message)
+    if m:
+        sep = " " if m.group(2).startswith("must be") else ": "
+        message = f"{m.group(1)}{sep}{m.group(2)}"
+    print(f"{prog}: error: {message}; see `{prog} --help`", file=sys.stderr)
+    raise _UsageExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lmgeom",
         description=(
             "Representation geometry of causal language models, layer by layer: "
@@ -81,37 +117,74 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named after the sub-command they were given to, not "lmgeom"
+            prog = _prog(args) if getattr(args, "command", None) else parser.prog
+            _usage_error(prog, f"unrecognized arguments: {' '.join(extra)}")
+    except _UsageExit as exc:
+        return int(exc.code or 2)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
+    log = logging.getLogger(__name__)
+    prog = _prog(args)
     try:
-        from .commands.options import apply_model_args
+        from .commands.options import apply_model_args, validate_args
 
         apply_model_args(args)
+        validate_args(args)  # before any work: environment, devices, optional packages
         return int(args._run(args) or 0)
     except LmgeomError as exc:
-        print(f"lmgeom {args.command}: error: {exc}", file=sys.stderr)
+        log.debug("user error", exc_info=True)
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # the reader went away (``lmgeom texts | head``): stop quietly, as shell tools do
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
-    except OSError as exc:
-        if exc.errno not in DISK_ERRNOS:
-            raise
-        logging.getLogger(__name__).debug("disk error", exc_info=True)
-        where = f" {exc.filename}" if exc.filename else ""
-        print(f"lmgeom {args.command}: error: cannot write{where}: {exc.strerror or exc}; free "
-              "space or choose a writable --out / LMGEOM_CACHE, then rerun (finished work is "
-              "kept)", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print(f"lmgeom {args.command}: {interrupted_line()}", file=sys.stderr)
+        print(f"{prog}: {interrupted_line()}", file=sys.stderr)
         return 130
+    except Exception as exc:  # the last line of defence: one line, never a traceback
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+            log.debug("disk error", exc_info=True)
+            where = f" {exc.filename}" if exc.filename else ""
+            print(f"{prog}: error: cannot write{where}: {exc.strerror or exc}; free space or "
+                  "choose a writable --out / LMGEOM_CACHE, then rerun (finished work is kept)",
+                  file=sys.stderr)
+            return 2
+        if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (GPU)
+            log.info("out of memory", exc_info=True)
+            print(f"{prog}: error: the device ran out of memory ({_one_line(exc, 160)}); lower "
+                  "--batch-size or --max-length, use --dtype bfloat16, or run on a device with "
+                  "more memory", file=sys.stderr)
+            return 2
+        log.info("unexpected error", exc_info=True)  # -v: the traceback
+        print(f"{prog}: error: unexpected {type(exc).__name__}: {_one_line(exc, 300)} (this is a "
+              "bug in lmgeom or an unsupported input; rerun with -v to see the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _prog(args) -> str:
+    """``lmgeom CMD`` (``lmgeom suite train`` for a nested sub-command)."""
+    sub = getattr(args, "suite_command", None) if args.command == "suite" else None
+    return f"lmgeom {args.command}" + (f" {sub}" if sub else "")
+
+
+def _one_line(exc: BaseException, limit: int | None = None) -> str:
+    """An exception's message as one line (a multi-line message would break the one-line
+    contract), at most ``limit`` characters."""
+    text = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+    if not text:
+        text = type(exc).__name__
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
 
 
 #: ``OSError`` numbers that mean "this disk cannot take the run's files"

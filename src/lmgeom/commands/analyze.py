@@ -10,6 +10,8 @@ from .options import (
     add_model_args,
     add_run_args,
     add_texts_args,
+    int_range,
+    positive_int,
 )
 
 NAME = "analyze"
@@ -26,8 +28,8 @@ DESCRIPTION = (
 
 def add_pga_args(p: argparse.ArgumentParser, *, ccr: str = "0,1,5,10") -> None:
     g = p.add_argument_group("PGA")
-    g.add_argument("--k", type=int, default=100, help="readout subspace dimension")
-    g.add_argument("--n-null", type=int, default=100, help="random subspaces in the null")
+    g.add_argument("--k", type=positive_int, default=100, help="readout subspace dimension")
+    g.add_argument("--n-null", type=int_range(2), default=100, help="random subspaces in the null")
     g.add_argument("--ccr", default=ccr, help="CCR levels: principal components removed (comma list)")
     g.add_argument("--pairs", default="auto",
                    help="'exact' (all pairs), an integer (one seeded sample of that many pairs), or "
@@ -45,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-logit-lens", action="store_true", help="skip the logit lens")
     p.add_argument("--no-probes", action="store_true",
                    help="skip the per-layer linear probes (run by default when the texts have labels)")
-    p.add_argument("--folds", type=int, default=5, help="CV folds of the linear probes")
+    p.add_argument("--folds", type=int_range(2), default=5, help="CV folds of the linear probes")
     p.add_argument("--log-samples", action="store_true",
                    help="also write samples.parquet: one row per text (id, label, n_tokens, "
                         "truncated, NLL, perplexity, per-layer norm and readout share)")

@@ -9,7 +9,9 @@ from .options import (
     add_run_args,
     add_texts_args,
     default_out,
+    int_range,
     model_options_from_args,
+    positive_int,
     progress_from_args,
     text_options_from_args,
 )
@@ -34,14 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p, multiple=True)
     add_texts_args(p, default="builtin:code", n=None)
     g = p.add_argument_group("clusters")
-    g.add_argument("--ngram", type=int, default=10, help="length of the shared continuation")
-    g.add_argument("--window", type=int, default=64, help="context tokens kept before it")
-    g.add_argument("--min-context", type=int, default=8, help="context tokens needed before it")
-    g.add_argument("--max-clusters", type=int, default=500, help="seeded sample of clusters")
-    g.add_argument("--max-members", type=int, default=16, help="seeded sample of contexts per cluster")
+    g.add_argument("--ngram", type=positive_int, default=10, help="length of the shared continuation")
+    g.add_argument("--window", type=positive_int, default=64, help="context tokens kept before it")
+    g.add_argument("--min-context", type=positive_int, default=8, help="context tokens needed before it")
+    g.add_argument("--max-clusters", type=positive_int, default=500, help="seeded sample of clusters")
+    g.add_argument("--max-members", type=int_range(2), default=16, help="seeded sample of contexts per cluster")
     g.add_argument("--layers", default="all", help="all | blocks | final | 0,5,10 | 3-7")
-    g.add_argument("--batch-size", type=int, default=16, help="contexts per forward pass")
-    g.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates")
+    g.add_argument("--batch-size", type=positive_int, default=16, help="contexts per forward pass")
+    g.add_argument("--n-boot", type=int_range(2), default=1000, help="bootstrap replicates")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the cache")
     add_run_args(p, out=None)
 

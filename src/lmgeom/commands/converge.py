@@ -10,6 +10,9 @@ from .options import (
     add_run_args,
     add_texts_args,
     default_out,
+    int_range,
+    nonneg_int,
+    positive_int,
 )
 
 NAME = "converge"
@@ -29,9 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_texts_args(p)
     add_extract_args(p)
     g = p.add_argument_group("convergence")
-    g.add_argument("--k", type=int, default=100, help="readout subspace dimension (per model)")
-    g.add_argument("--n-null", type=int, default=100, help="random-frame draws")
-    g.add_argument("--ccr", type=int, default=1, help="CCR level applied to each model's states")
+    g.add_argument("--k", type=positive_int, default=100, help="readout subspace dimension (per model)")
+    g.add_argument("--n-null", type=int_range(2), default=100, help="random-frame draws")
+    g.add_argument("--ccr", type=nonneg_int, default=1, help="CCR level applied to each model's states")
     g.add_argument("--pairs", default="exact", help="'exact' or an integer number of sampled pairs")
     g.add_argument("--layer-map", default="depth",
                    help="'depth' (nearest relative depth, plus final~final), 'all', or explicit 10:6,20:12")

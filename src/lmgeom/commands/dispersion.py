@@ -11,7 +11,10 @@ from .options import (
     add_run_args,
     add_texts_args,
     default_out,
+    int_range,
     model_options_from_args,
+    nonneg_int,
+    positive_int,
     progress_from_args,
     text_options_from_args,
 )
@@ -38,20 +41,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p, multiple=True)
     add_texts_args(p, default="builtin:wiki", n=None, multiple=True)
     g = p.add_argument_group("dispersion")
-    g.add_argument("--chunk-len", type=int, default=DEFAULT_CHUNK_LEN, help="tokens per chunk")
+    g.add_argument("--chunk-len", type=int_range(2), default=DEFAULT_CHUNK_LEN, help="tokens per chunk")
     g.add_argument("--layers", default="all",
                    help="all | blocks | final | 0,5,10 | 3-7 | 12.attn_out (comma-separated)")
-    g.add_argument("--max-chunks", type=int, default=256,
+    g.add_argument("--max-chunks", type=nonneg_int, default=256,
                    help="keep a seeded sample of at most this many chunks per corpus (0: all)")
-    g.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE,
+    g.add_argument("--group-size", type=int_range(2), default=DEFAULT_GROUP_SIZE,
                    help="chunks per perplexity-sorted group for level=group")
-    g.add_argument("--max-groups", type=int, default=DEFAULT_MAX_GROUPS,
+    g.add_argument("--max-groups", type=positive_int, default=DEFAULT_MAX_GROUPS,
                    help="at most this many groups, spread evenly in perplexity")
-    g.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates per interval")
+    g.add_argument("--n-boot", type=int_range(10), default=1000, help="bootstrap replicates per interval")
     g.add_argument("--bos", default="auto", choices=["auto", "on", "off"],
                    help="BOS before each chunk: auto = when the tokenizer prepends one")
-    g.add_argument("--batch-size", type=int, default=4, help="chunks per forward pass")
-    g.add_argument("--position-chunk", type=int, default=None,
+    g.add_argument("--batch-size", type=positive_int, default=4, help="chunks per forward pass")
+    g.add_argument("--position-chunk", type=positive_int, default=None,
                    help="positions per readout matmul (default: 64 MiB of float32 logits)")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the chunk cache")
     g.add_argument("--attach", default=None, metavar="RUN_DIR",

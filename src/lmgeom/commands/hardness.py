@@ -11,7 +11,11 @@ from .options import (
     add_run_args,
     add_texts_args,
     default_out,
+    float_range,
+    int_range,
     model_options_from_args,
+    nonneg_int,
+    positive_int,
     progress_from_args,
     text_options_from_args,
 )
@@ -35,13 +39,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_texts_args(p, default="builtin:domains", n=500)
     g = p.add_argument_group("hardness")
     g.add_argument("--layer", default="final", help="the point whose token states are used")
-    g.add_argument("--max-length", type=int, default=256, help="tokens kept per text")
-    g.add_argument("--batch-size", type=int, default=8, help="texts per forward pass")
-    g.add_argument("--quantile", type=float, default=0.1,
+    g.add_argument("--max-length", type=positive_int, default=256, help="tokens kept per text")
+    g.add_argument("--batch-size", type=positive_int, default=8, help="texts per forward pass")
+    g.add_argument("--quantile", type=float_range(0, 0.5, lo_open=True), default=0.1,
                    help="fraction of texts in the 'hardest' sets compared (0.1 = deciles)")
-    g.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates")
-    g.add_argument("--n-perm", type=int, default=1000, help="random rankings in the null")
-    g.add_argument("--show", type=int, default=10, help="texts to print from each end")
+    g.add_argument("--n-boot", type=int_range(2), default=1000, help="bootstrap replicates")
+    g.add_argument("--n-perm", type=int_range(10), default=1000, help="random rankings in the null")
+    g.add_argument("--show", type=nonneg_int, default=10, help="texts to print from each end")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the cache")
     p.add_argument("--log-samples", action="store_true",
                    help="also write samples.parquet: one row per text (id, label, n_tokens, truncated, NLL, perplexity, dispersion, rank)")

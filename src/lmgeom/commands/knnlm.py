@@ -14,8 +14,12 @@ from .options import (
     float_list,
     float_or_auto,
     float_or_auto_list,
+    int_range,
     model_options_from_args,
+    open_fraction,
+    positive_int,
     run_and_report,
+    unit_float,
 )
 
 NAME = "knnlm"
@@ -46,13 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-texts", default=None, metavar="SPEC",
                    help="held-out corpus to score (default: --eval-fraction of the training "
                         "texts, held out)")
-    g.add_argument("--eval-fraction", type=float, default=kx.DEFAULT_EVAL_FRACTION,
+    g.add_argument("--eval-fraction", type=open_fraction, default=kx.DEFAULT_EVAL_FRACTION,
                    help="share of the training texts held out when no --eval-texts")
-    g.add_argument("--n", type=int, default=None, help="texts per corpus (a seeded sample)")
-    g.add_argument("--chunk-len", type=int, default=kx.DEFAULT_CHUNK_LEN, help="tokens per chunk")
-    g.add_argument("--max-train-tokens", type=int, default=kx.DEFAULT_MAX_TRAIN_TOKENS,
+    g.add_argument("--n", type=positive_int, default=None, help="texts per corpus (a seeded sample)")
+    g.add_argument("--chunk-len", type=int_range(2), default=kx.DEFAULT_CHUNK_LEN, help="tokens per chunk")
+    g.add_argument("--max-train-tokens", type=positive_int, default=kx.DEFAULT_MAX_TRAIN_TOKENS,
                    help="datastore size (a seeded sample of chunks)")
-    g.add_argument("--max-eval-tokens", type=int, default=kx.DEFAULT_MAX_EVAL_TOKENS,
+    g.add_argument("--max-eval-tokens", type=positive_int, default=kx.DEFAULT_MAX_EVAL_TOKENS,
                    help="held-out tokens scored")
     g.add_argument("--bos", default="auto", choices=["auto", "on", "off"],
                    help="BOS before each chunk: auto = when the tokenizer prepends one")
@@ -63,12 +67,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rank --candidates by dispersion and check the ranking against the "
                         "measured kNN-LM perplexity")
     k.add_argument("--candidates", default=kx.DEFAULT_CANDIDATES, help="points compared by --select")
-    k.add_argument("--top", type=int, default=None,
+    k.add_argument("--top", type=positive_int, default=None,
                    help="with --select: evaluate only the N highest-dispersion points")
-    k.add_argument("--select-tokens", type=int, default=kx.DEFAULT_SELECT_TOKENS,
+    k.add_argument("--select-tokens", type=int_range(2), default=kx.DEFAULT_SELECT_TOKENS,
                    help="training tokens the dispersion is measured on")
-    k.add_argument("--k", type=int, default=kl.DEFAULT_K, help="neighbours per query")
-    k.add_argument("--lambda", dest="lam", type=float, default=kl.DEFAULT_LAMBDA,
+    k.add_argument("--k", type=positive_int, default=kl.DEFAULT_K, help="neighbours per query")
+    k.add_argument("--lambda", dest="lam", type=unit_float, default=kl.DEFAULT_LAMBDA,
                    help="interpolation weight of p_kNN (the headline setting)")
     k.add_argument("--lambdas", type=float_list, default=kl.DEFAULT_LAMBDAS,
                    help="lambda sweep computed from the same retrieval, comma-separated")
@@ -81,15 +85,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="d: FAISS's squared L2 as is (the kNN-LM reference) or its square root")
     k.add_argument("--index", default="flat", choices=["flat", "ivf", "ivfpq"],
                    help="FAISS index: exact IndexFlatL2, IndexIVFFlat, or IndexIVFPQ (large stores)")
-    k.add_argument("--nlist", type=int, default=None, help="IVF cells (default 4 sqrt(n))")
-    k.add_argument("--nprobe", type=int, default=None, help="IVF cells searched (default 32)")
-    k.add_argument("--pq-m", type=int, default=None,
+    k.add_argument("--nlist", type=positive_int, default=None, help="IVF cells (default 4 sqrt(n))")
+    k.add_argument("--nprobe", type=positive_int, default=None, help="IVF cells searched (default 32)")
+    k.add_argument("--pq-m", type=positive_int, default=None,
                    help="PQ sub-quantizers (must divide d; default the largest divisor <= 64)")
     k.add_argument("--recompute-distances", action="store_true",
                    help="exact distances to the stored keys for the neighbours an "
                         "approximate index returns")
-    k.add_argument("--faiss-threads", type=int, default=None, help="FAISS OpenMP threads")
-    k.add_argument("--batch-size", type=int, default=4, help="chunks per forward pass")
+    k.add_argument("--faiss-threads", type=positive_int, default=None, help="FAISS OpenMP threads")
+    k.add_argument("--batch-size", type=positive_int, default=4, help="chunks per forward pass")
     k.add_argument("--datastore-dir", default=None,
                    help="where datastores live (default $LMGEOM_CACHE/knnlm)")
     k.add_argument("--no-cache", action="store_true",

@@ -26,8 +26,10 @@ def run(args) -> int:
                 total += sum(f.stat().st_size for f in package_dir(pkg).rglob("*.gguf*"))
             size = f"{total / 1e6:.0f} MB"
         rows.append({
-            "name": bm.name + (" (default)" if bm.name == DEFAULT_MODEL else ""),
-            "installed": "yes" if bm.installed() else f"no: {bm.install_hint()}",
+            "name": bm.name,  # a valid --model value
+            "default": bm.name == DEFAULT_MODEL,
+            "installed": bm.installed(),
+            "install": None if bm.installed() else bm.install_hint(),
             "arch": bm.arch,
             "shape": bm.shape,
             "gguf size": size,
@@ -38,6 +40,9 @@ def run(args) -> int:
         return 0
     from .options import print_table
 
-    print_table(rows)
+    table = [{"name": r["name"] + (" (default)" if r["default"] else ""),
+              "installed": "yes" if r["installed"] else f"no: {r['install']}",
+              **{k: r[k] for k in ("arch", "shape", "gguf size", "licence")}} for r in rows]
+    print_table(table)
     print("\nAny Hugging Face hub id, local model folder or .gguf file works too (--model SPEC).")
     return 0

@@ -132,7 +132,7 @@ def add_texts_args(p: argparse.ArgumentParser, *, default: str = DEFAULT_TEXTS, 
         g.add_argument("--texts", default=default, metavar="SPEC",
                        help="builtin:NAME (see `lmgeom texts`), a .txt/.jsonl/.csv/.parquet file, or "
                             "hf:NAME[:CONFIG][:SPLIT]")
-    g.add_argument("--n", type=int, default=n, help="number of texts (a seeded, label-balanced sample)")
+    g.add_argument("--n", type=positive_int, default=n, help="number of texts (a seeded, label-balanced sample)")
     g.add_argument("--text-column", default=None, help="text column of a jsonl/csv/parquet file")
     g.add_argument("--label-column", default=None, help="label column of a jsonl/csv/parquet file")
     g.add_argument("--split", default=None, help="for .txt: 'paragraphs' splits on blank lines")
@@ -145,8 +145,8 @@ def add_extract_args(p: argparse.ArgumentParser, *, layers: str = "all", pooling
                    help="all | blocks | sublayers | final | 0,5,10 | 3-7 | 12.attn_out (comma-separated)")
     g.add_argument("--pooling", default=pooling, choices=["last", "mean", "tokens"],
                    help="one vector per text: last non-pad token, mean of tokens, or sampled tokens")
-    g.add_argument("--max-length", type=int, default=max_length, help="tokens kept per text")
-    g.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
+    g.add_argument("--max-length", type=positive_int, default=max_length, help="tokens kept per text")
+    g.add_argument("--batch-size", type=positive_int, default=32, help="texts per forward pass")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the activation cache")
 
 
@@ -155,7 +155,7 @@ def add_run_args(p: argparse.ArgumentParser, *, out: str | None = None) -> None:
     g.add_argument("--out", default=out, help="output folder")
     g.add_argument("--overwrite", action="store_true",
                    help="replace an output folder that holds a different run")
-    g.add_argument("--seed", type=int, default=0, help="seed of every sampling step")
+    g.add_argument("--seed", type=seed_int, default=0, help="seed of every sampling step")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -168,16 +168,16 @@ def add_engine_args(p, *, extraction: bool = False) -> None:
     g.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="Ray cluster to join (auto, host:6379, ray://host:10001; default "
                         "$RAY_ADDRESS, else a private local Ray instance)")
-    g.add_argument("--ray-num-cpus", type=int, default=None,
+    g.add_argument("--ray-num-cpus", type=positive_int, default=None,
                    help="CPUs of the private local Ray instance (default: all)")
-    g.add_argument("--cpus-per-job", type=float, default=1.0,
+    g.add_argument("--cpus-per-job", type=positive_float, default=1.0,
                    help="CPUs each Ray job requests (also its torch thread count)")
-    g.add_argument("--gpus-per-job", type=float, default=0.0,
+    g.add_argument("--gpus-per-job", type=nonneg_float, default=0.0,
                    help="GPUs each Ray job requests (0: CPU jobs; 0.5 packs two jobs per GPU)")
-    g.add_argument("--retries", type=int, default=2,
+    g.add_argument("--retries", type=nonneg_int, default=2,
                    help="extra attempts for a failed job before it is reported as failed")
     if extraction:
-        g.add_argument("--workers", type=int, default=None,
+        g.add_argument("--workers", type=positive_int, default=None,
                        help="model-holding Ray actors sharing the batches (default: as many as "
                             "the cluster fits, at most one per batch)")
 
@@ -314,3 +314,171 @@ def float_or_auto(text: str):
 def float_or_auto_list(text: str) -> tuple:
     """argparse type: comma-separated numbers or ``auto``."""
     return tuple(float_or_auto(x) for x in text.split(",") if x.strip())
+
+
+# --------------------------------------------------------------------------- validated numbers
+# argparse types that check the range as the command line is parsed, so a bad value fails
+# before any work with ``lmgeom CMD: error: --n must be >= 1 (got 0)`` (see cli._Parser).
+
+#: the largest --seed (every RNG lmgeom seeds takes it; numpy's legacy and torch's take more)
+SEED_MAX = 2**32 - 1
+
+
+def int_range(lo: int | None = None, hi: int | None = None):
+    """argparse type: an integer in ``[lo, hi]`` (either end open when ``None``)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            want = (f"in {lo}..{hi}" if lo is not None and hi is not None
+                    else f">= {lo}" if lo is not None else f"<= {hi}")
+            raise argparse.ArgumentTypeError(f"must be {want} (got {value})")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def float_range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+                hi_open: bool = False):
+    """argparse type: a finite number in the interval ``lo..hi`` (ends open when asked)."""
+    import math
+
+    def parse(text: str) -> float:
+        try:
+            value = float(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        bad = not math.isfinite(value)
+        bad = bad or (lo is not None and (value <= lo if lo_open else value < lo))
+        bad = bad or (hi is not None and (value >= hi if hi_open else value > hi))
+        if bad:
+            if lo is not None and hi is not None:
+                want = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+            elif lo is not None:
+                want = f"{'>' if lo_open else '>='} {lo:g}"
+            elif hi is not None:
+                want = f"{'<' if hi_open else '<='} {hi:g}"
+            else:
+                want = "a finite number"
+            raise argparse.ArgumentTypeError(f"must be {want} (got {text.strip()})")
+        return value
+
+    parse.__name__ = "float"
+    return parse
+
+
+positive_int = int_range(1)
+nonneg_int = int_range(0)
+seed_int = int_range(0, SEED_MAX)
+positive_float = float_range(0, lo_open=True)
+nonneg_float = float_range(0)
+#: a share strictly between 0 and 1 (held-out fractions)
+open_fraction = float_range(0, 1, lo_open=True, hi_open=True)
+#: a weight in [0, 1] (interpolation lambdas)
+unit_float = float_range(0, 1)
+
+
+# --------------------------------------------------------------------------- checks before work
+
+#: optional dependency → the pip command that installs it
+OPTIONAL_DEPS = {
+    "datasets": "pip install 'lmgeom[hf]'",
+    "faiss": "pip install 'lmgeom[knn]' (or pip install faiss-cpu)",
+    "peft": "pip install 'lmgeom[train]' (or pip install peft)",
+    "ray": "pip install 'lmgeom[ray]'",
+}
+
+
+def require_module(module: str, needed_by: str) -> None:
+    """Import ``module`` or raise a :class:`~lmgeom.errors.ConfigError` naming ``needed_by``
+    and the pip command (the CLI calls this before any work)."""
+    import importlib
+
+    from ..errors import ConfigError
+
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        why = "is not installed" if isinstance(exc, ModuleNotFoundError) else (
+            f"cannot be imported ({str(exc).splitlines()[0][:120] if str(exc) else 'ImportError'})")
+        raise ConfigError(f"{needed_by} needs the optional package '{module}', which {why}: "
+                          f"{OPTIONAL_DEPS.get(module, f'pip install {module}')}") from None
+
+
+def _values(args, attr: str) -> list[str]:
+    v = getattr(args, attr, None)
+    if v is None:
+        return []
+    return [str(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+
+
+#: options that take a text-set spec
+TEXT_SPEC_OPTIONS = ("texts", "eval_texts", "train_texts", "domain_texts", "general_texts",
+                     "exclude_texts")
+
+
+def validate_args(args) -> None:
+    """Every check that needs no model and no data, run by :func:`lmgeom.cli.main` before the
+    command starts: ``LMGEOM_*`` variables, devices, ``--revision`` against the model kinds, and
+    the optional packages the options call for."""
+    from .._env import check_environment
+    from ..errors import ConfigError
+    from ..models.checks import check_device, check_device_map
+
+    check_environment()
+    for attr in ("device", "metrics_device"):
+        for value in _values(args, attr):
+            dev = check_device(value, option="--" + attr.replace("_", "-"))
+            if attr == "metrics_device" and dev is not None and dev.startswith("mps"):
+                raise ConfigError(f"--metrics-device {value}: the PGA null runs in float64, "
+                                  "which MPS lacks; use --metrics-device cpu (the default) or "
+                                  "cuda")
+    for value in _values(args, "device_map"):
+        check_device_map(value, option="--device-map")
+    _check_revision(args)
+    stride, max_length = getattr(args, "stride", None), getattr(args, "max_length", None)
+    if isinstance(stride, int) and isinstance(max_length, int) and stride >= max_length:
+        raise ConfigError(f"--stride must be smaller than --max-length (got --stride {stride}, "
+                          f"--max-length {max_length}): windows of --max-length tokens start "
+                          "every --stride tokens")
+    cmd = getattr(args, "command", "")
+    specs = [("--" + a.replace("_", "-"), s) for a in TEXT_SPEC_OPTIONS for s in _values(args, a)]
+    if cmd == "texts":
+        specs += [("SPEC", s) for s in _values(args, "spec")]
+    hf = [(opt, s) for opt, s in specs if s.startswith("hf:")]
+    if hf:
+        require_module("datasets", f"{hf[0][0]} {hf[0][1]} (a Hugging Face dataset)")
+    if getattr(args, "format", None) == "hf":
+        require_module("datasets", "--format hf (a Hugging Face dataset folder)")
+    if getattr(args, "engine", None) == "ray":
+        require_module("ray", "--engine ray")
+    if cmd == "knnlm":
+        require_module("faiss", "lmgeom knnlm (the kNN-LM datastore index)")
+    if cmd == "train" and getattr(args, "method", None) == "lora":
+        require_module("peft", "lmgeom train --lora (the default; --full needs no extra)")
+
+
+def _check_revision(args) -> None:
+    """``--revision`` names a hub revision: refused when no model of the command is a hub id
+    (a bundled model, local folder or .gguf has one version), where it would be ignored."""
+    from ..errors import ConfigError
+    from ..models.bundled import DEFAULT_MODEL
+    from ..models.load import _SOURCE_WORDS, model_source
+
+    revisions = _values(args, "revision")
+    if not revisions or getattr(args, "command", "") == "sweep":  # sweep pairs them itself
+        return
+    if getattr(args, "suite", None):
+        return  # select / sweep with --suite refuse --revision themselves
+    models = _values(args, "model") or [DEFAULT_MODEL]
+    kinds = {m: model_source(m) for m in models}
+    if any(k == "hub" for k in kinds.values()):
+        return
+    m, kind = next(iter(kinds.items()))
+    raise ConfigError(f"--revision applies to hub models only; {m} is "
+                      f"{_SOURCE_WORDS.get(kind, 'not a hub id')}, which has exactly one version: "
+                      "drop --revision (or give a hub id such as EleutherAI/pythia-160m)")

@@ -11,6 +11,8 @@ from .options import (
     add_run_args,
     add_texts_args,
     default_out,
+    int_range,
+    positive_float,
 )
 
 NAME = "probe"
@@ -29,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_extract_args(p)
     add_pga_args(p, ccr="1")
     g = p.add_argument_group("probe")
-    g.add_argument("--folds", type=int, default=5, help="stratified CV folds")
-    g.add_argument("--C", type=float, default=1.0, help="inverse L2 regularisation strength")
+    g.add_argument("--folds", type=int_range(2), default=5, help="stratified CV folds")
+    g.add_argument("--C", type=positive_float, default=1.0, help="inverse L2 regularisation strength")
     add_run_args(p, out=None)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..experiments.select import DEFAULT_GENERAL_TEXTS
-from .options import add_run_args
+from .options import add_run_args, int_range, positive_int
 
 NAME = "select"
 HELP = "rank models / checkpoints for a domain by the dispersion gap (no labels), vs perplexity"
@@ -47,33 +47,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="math (digits) | code (Python keywords) | comma-separated words")
     d.add_argument("--forms", default="both", choices=["both", "bare", "space"],
                    help="which forms of each word to try: 'w', ' w' or both")
-    d.add_argument("--n-general", type=int, default=500, help="size of the general token set")
-    d.add_argument("--general-pool", type=int, default=5000,
+    d.add_argument("--n-general", type=positive_int, default=500, help="size of the general token set")
+    d.add_argument("--general-pool", type=positive_int, default=5000,
                    help="T-bar is drawn from this many most frequent ids")
     d.add_argument("--general-texts", default=DEFAULT_GENERAL_TEXTS,
                    help="corpus that defines token frequency (and general states)")
-    d.add_argument("--n-general-texts", type=int, default=300,
+    d.add_argument("--n-general-texts", type=positive_int, default=300,
                    help="texts of --general-texts counted for frequency")
     d.add_argument("--domain-texts", default=None, metavar="SPEC",
                    help="also run the forward-pass variant on states of this domain text "
                         "(e.g. builtin:math)")
     d.add_argument("--state-layer", default="final",
                    help="layer / point of the states variant (final = post-norm)")
-    d.add_argument("--state-tokens", type=int, default=2000,
+    d.add_argument("--state-tokens", type=int_range(2), default=2000,
                    help="sampled token states per corpus for the states variant")
-    d.add_argument("--n-state-texts", type=int, default=64,
+    d.add_argument("--n-state-texts", type=positive_int, default=64,
                    help="texts per corpus for the states variant")
-    d.add_argument("--state-max-length", type=int, default=256, help="tokens kept per text")
+    d.add_argument("--state-max-length", type=positive_int, default=256, help="tokens kept per text")
     e = p.add_argument_group("measured quality")
     e.add_argument("--eval-texts", default=None, metavar="SPEC",
                    help="held-out domain text for perplexity (default: --domain-texts, split "
                         "in two disjoint halves; else builtin:math / builtin:code)")
-    e.add_argument("--n-eval", type=int, default=48, help="texts scored")
-    e.add_argument("--max-length", type=int, default=512, help="window length")
-    e.add_argument("--stride", type=int, default=256, help="sliding-window stride")
+    e.add_argument("--n-eval", type=positive_int, default=48, help="texts scored")
+    e.add_argument("--max-length", type=int_range(2), default=512, help="window length")
+    e.add_argument("--stride", type=positive_int, default=256, help="sliding-window stride")
     e.add_argument("--no-perplexity", action="store_true", help="rank only; measure nothing")
-    e.add_argument("--batch-size", type=int, default=8, help="texts / windows per forward pass")
-    e.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates")
+    e.add_argument("--batch-size", type=positive_int, default=8, help="texts / windows per forward pass")
+    e.add_argument("--n-boot", type=int_range(2), default=1000, help="bootstrap replicates")
     e.add_argument("--no-cache", action="store_true", help="do not use the activation cache")
     add_run_args(p, out=None)
 

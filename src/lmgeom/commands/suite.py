@@ -5,6 +5,17 @@ from __future__ import annotations
 
 import argparse
 
+from .options import (
+    float_range,
+    int_range,
+    nonneg_float,
+    nonneg_int,
+    open_fraction,
+    positive_float,
+    positive_int,
+    seed_int,
+)
+
 NAME = "suite"
 HELP = "train a width suite of small Pythia-architecture models with checkpoints (train), or inspect one (info)"
 DESCRIPTION = (
@@ -36,16 +47,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = t.add_argument_group("models (default values in brackets)")
     g.add_argument("--widths", default=_S,
                    help=f"comma list of widths [{','.join(map(str, d.widths))}]")
-    g.add_argument("--n-layers", type=int, default=_S, help=f"blocks per model, all widths [{d.n_layers}]")
+    g.add_argument("--n-layers", type=positive_int, default=_S, help=f"blocks per model, all widths [{d.n_layers}]")
     g = t.add_argument_group("training (default values in brackets)")
-    g.add_argument("--tokens", type=int, default=_S, help=f"training tokens per width [{d.tokens}]")
-    g.add_argument("--seq-len", type=int, default=_S, help=f"tokens per sequence [{d.seq_len}]")
-    g.add_argument("--batch-size", type=int, default=_S, help=f"sequences per step [{d.batch_size}]")
-    g.add_argument("--lr", type=float, default=_S, help=f"peak learning rate [{d.lr}]")
-    g.add_argument("--warmup-frac", type=float, default=_S, help=f"warmup fraction of the steps [{d.warmup_frac}]")
-    g.add_argument("--weight-decay", type=float, default=_S, help=f"AdamW weight decay [{d.weight_decay}]")
-    g.add_argument("--seed", type=int, default=_S, help=f"data split, order and init seed [{d.seed}]")
-    g.add_argument("--regular-checkpoints", type=int, default=_S, dest="n_regular",
+    g.add_argument("--tokens", type=positive_int, default=_S, help=f"training tokens per width [{d.tokens}]")
+    g.add_argument("--seq-len", type=int_range(2), default=_S, help=f"tokens per sequence [{d.seq_len}]")
+    g.add_argument("--batch-size", type=positive_int, default=_S, help=f"sequences per step [{d.batch_size}]")
+    g.add_argument("--lr", type=positive_float, default=_S, help=f"peak learning rate [{d.lr}]")
+    g.add_argument("--warmup-frac", type=float_range(0, 1, hi_open=True), default=_S, help=f"warmup fraction of the steps [{d.warmup_frac}]")
+    g.add_argument("--weight-decay", type=nonneg_float, default=_S, help=f"AdamW weight decay [{d.weight_decay}]")
+    g.add_argument("--seed", type=seed_int, default=_S, help=f"data split, order and init seed [{d.seed}]")
+    g.add_argument("--regular-checkpoints", type=nonneg_int, default=_S, dest="n_regular",
                    help=f"evenly spaced checkpoints besides 0,1,2,4,... [{d.n_regular}]")
     g.add_argument("--no-bf16", action="store_true", help="train in float32 (default: bf16 autocast)")
     g = t.add_argument_group("data (default values in brackets)")
@@ -54,15 +65,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--exclude-texts", action="append", default=_S, metavar="SPEC",
                    help=f"corpus whose texts are kept out of training; 'none' for none "
                         f"[{' '.join(d.exclude_texts)}]")
-    g.add_argument("--vocab-size", type=int, default=_S, help=f"BPE vocabulary size [{d.vocab_size}]")
-    g.add_argument("--val-fraction", type=float, default=_S,
+    g.add_argument("--vocab-size", type=positive_int, default=_S, help=f"BPE vocabulary size [{d.vocab_size}]")
+    g.add_argument("--val-fraction", type=open_fraction, default=_S,
                    help=f"held-out fraction of the documents [{d.val_fraction}]")
-    g.add_argument("--val-tokens", type=int, default=_S,
+    g.add_argument("--val-tokens", type=positive_int, default=_S,
                    help=f"held-out tokens evaluated per checkpoint [{d.val_tokens}]")
     g = t.add_argument_group("run")
-    g.add_argument("--threads", type=int, default=1,
+    g.add_argument("--threads", type=nonneg_int, default=1,
                    help="torch threads (1 is fastest on a shared machine; 0 = torch's default)")
-    g.add_argument("--resume-every", type=float, default=300.0, metavar="SECONDS",
+    g.add_argument("--resume-every", type=positive_float, default=300.0, metavar="SECONDS",
                    help="also save the resume state this often between checkpoints")
     g.add_argument("--overwrite", action="store_true",
                    help="replace a suite in --out that was trained with other settings")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from .options import nonneg_int, positive_int, seed_int
+
 NAME = "texts"
 HELP = "list the built-in corpora, fetch them, or preview any corpus spec"
 DESCRIPTION = (
@@ -30,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fetch built-in corpora into the cache (all, or the NAMEs given)",
     )
     parser.add_argument("--force", action="store_true", help="with --fetch: rebuild even if cached")
-    parser.add_argument("--limit", type=int, default=None, help="seeded sample of N texts")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
+    parser.add_argument("--limit", type=positive_int, default=None, help="seeded sample of N texts")
+    parser.add_argument("--seed", type=seed_int, default=0, help="seed of the --limit sample")
     parser.add_argument(
         "--split",
         default=None,
@@ -39,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--text-column", default=None, help="column holding the texts")
     parser.add_argument("--label-column", default=None, help="column holding the labels")
-    parser.add_argument("--show", type=int, default=5, help="how many texts to preview")
-    parser.add_argument("--width", type=int, default=100, help="preview line width (characters)")
+    parser.add_argument("--show", type=nonneg_int, default=5, help="how many texts to preview")
+    parser.add_argument("--width", type=positive_int, default=100, help="preview line width (characters)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 
 from ..experiments.finetune import ARMS, DEFAULT_LR, LORA_DEFAULTS
-from .options import add_model_args, progress_from_args
+from .options import (
+    add_model_args,
+    float_range,
+    int_range,
+    nonneg_float,
+    nonneg_int,
+    open_fraction,
+    positive_float,
+    positive_int,
+    progress_from_args,
+    seed_int,
+)
 
 NAME = "train"
 HELP = "fine-tune with the push-away / squeeze dispersion loss (full or LoRA); --compare runs all three arms"
@@ -33,11 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training corpus; repeat for several domains (default: builtin:wiki)")
     g.add_argument("--eval-texts", action="append", default=None, metavar="SPEC",
                    help="extra evaluation corpus (cross-domain); repeatable")
-    g.add_argument("--n", type=int, default=None,
+    g.add_argument("--n", type=positive_int, default=None,
                    help="use a seeded sample of this many texts per corpus (default: all)")
-    g.add_argument("--heldout-fraction", type=float, default=0.1,
+    g.add_argument("--heldout-fraction", type=open_fraction, default=0.1,
                    help="fraction of each training corpus's texts held out for evaluation")
-    g.add_argument("--seq-len", type=int, default=128, help="tokens per training / eval chunk")
+    g.add_argument("--seq-len", type=int_range(2), default=128, help="tokens per training / eval chunk")
     g.add_argument("--bos", default="auto", choices=["auto", "on", "off"],
                    help="BOS before each chunk: auto = when the tokenizer prepends one")
 
@@ -46,13 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auxiliary term of a single run (ignored with --compare)")
     g.add_argument("--compare", action="store_true",
                    help="train the three arms none / push-away / squeeze (same seed and data)")
-    g.add_argument("--lambda", dest="lam", type=float, default=0.01, help="weight of L_aux")
+    g.add_argument("--lambda", dest="lam", type=nonneg_float, default=0.01, help="weight of L_aux")
     g.add_argument("--aux-mode", default="within", choices=["within", "cross"],
                    help="dispersion within the batch, or between the tokens of two domains")
     g.add_argument("--layer", default="final",
                    help="measurement point of the loss and of the dispersion measurement "
                         "(final = after the final norm; last = last block, pre-norm; 12; 12.attn_out)")
-    g.add_argument("--max-tokens", type=int, default=None,
+    g.add_argument("--max-tokens", type=int_range(2), default=None,
                    help="seeded sample of at most this many token states per batch for L_aux")
     g.add_argument("--skip-first", action="store_true",
                    help="leave position 0 (BOS / attention sink) out of L_aux and the dispersion")
@@ -64,36 +75,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--full", dest="method", action="store_const", const="full",
                    help="full-parameter fine-tuning")
     p.set_defaults(method="lora")
-    g.add_argument("--steps", type=int, default=200, help="optimizer steps per arm")
-    g.add_argument("--lr", type=float, default=None,
+    g.add_argument("--steps", type=positive_int, default=200, help="optimizer steps per arm")
+    g.add_argument("--lr", type=positive_float, default=None,
                    help=f"learning rate (default {DEFAULT_LR['lora']:g} LoRA, {DEFAULT_LR['full']:g} full)")
-    g.add_argument("--warmup", type=int, default=10, help="linear warm-up steps")
-    g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
-    g.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm (0: off)")
-    g.add_argument("--batch-size", type=int, default=8,
+    g.add_argument("--warmup", type=nonneg_int, default=10, help="linear warm-up steps")
+    g.add_argument("--weight-decay", type=nonneg_float, default=0.0, help="AdamW weight decay")
+    g.add_argument("--grad-clip", type=nonneg_float, default=1.0, help="max gradient norm (0: off)")
+    g.add_argument("--batch-size", type=positive_int, default=8,
                    help="chunks per batch (a multiple of the number of --texts)")
-    g.add_argument("--lora-r", type=int, default=LORA_DEFAULTS["r"], help="LoRA rank")
-    g.add_argument("--lora-alpha", type=int, default=LORA_DEFAULTS["alpha"], help="LoRA alpha")
-    g.add_argument("--lora-dropout", type=float, default=LORA_DEFAULTS["dropout"], help="LoRA dropout")
+    g.add_argument("--lora-r", type=positive_int, default=LORA_DEFAULTS["r"], help="LoRA rank")
+    g.add_argument("--lora-alpha", type=positive_int, default=LORA_DEFAULTS["alpha"], help="LoRA alpha")
+    g.add_argument("--lora-dropout", type=float_range(0, 1, hi_open=True), default=LORA_DEFAULTS["dropout"], help="LoRA dropout")
     g.add_argument("--lora-targets", default=LORA_DEFAULTS["targets"],
                    help="LoRA target modules: all-linear, or names like q_proj,v_proj")
     g.add_argument("--merge-lora", action="store_true",
                    help="also save the merged model (analysable with --model DIR)")
 
     g = p.add_argument_group("evaluation and run")
-    g.add_argument("--eval-every", type=int, default=50, help="evaluate every this many steps")
-    g.add_argument("--eval-chunks", type=int, default=64, help="chunks per evaluation set")
-    g.add_argument("--eval-batch-size", type=int, default=8, help="chunks per evaluation forward")
-    g.add_argument("--save-every", type=int, default=None,
+    g.add_argument("--eval-every", type=positive_int, default=50, help="evaluate every this many steps")
+    g.add_argument("--eval-chunks", type=positive_int, default=64, help="chunks per evaluation set")
+    g.add_argument("--eval-batch-size", type=positive_int, default=8, help="chunks per evaluation forward")
+    g.add_argument("--save-every", type=positive_int, default=None,
                    help="checkpoint every this many steps (default: --eval-every)")
-    g.add_argument("--stop-after", type=int, default=None,
+    g.add_argument("--stop-after", type=positive_int, default=None,
                    help="stop (checkpointed) after this many steps in this call; rerun to go on")
     g.add_argument("--keep-checkpoint", action="store_true",
                    help="keep the last checkpoint (optimizer state) after an arm finishes")
     g.add_argument("--out", default=None, help="output folder (default runs/train-<model>-<method>)")
     g.add_argument("--overwrite", action="store_true",
                    help="replace an output folder that holds a different run")
-    g.add_argument("--seed", type=int, default=0,
+    g.add_argument("--seed", type=seed_int, default=0,
                    help="seed of the split, data order, LoRA init and token sampling")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 

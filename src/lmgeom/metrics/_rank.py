@@ -36,7 +36,6 @@ summed exactly in int64); this module's paths remain for what the kernel decline
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -86,7 +85,9 @@ def sort_backend() -> str:
     some CPUs); torch sorts integer keys on CPU with a radix sort. Measured 2026-12-04 on the
     project's 2-core AMD EPYC VM: 131,072 keys 5.0 ms (numpy) vs 1.8 ms (torch, one thread).
     """
-    forced = os.environ.get("LMGEOM_SORT", "").strip().lower()
+    from .._env import sort_backend_override
+
+    forced = sort_backend_override()
     if forced in ("numpy", "torch"):
         if forced == "torch":
             try:
@@ -123,7 +124,9 @@ def sort_backend() -> str:
 def keyed_available() -> bool:
     """Whether the int32-key path (:class:`KeySorter`, torch's radix sort) is used: torch is
     importable and ``LMGEOM_SORT`` does not force ``numpy`` (which keeps every sort in numpy)."""
-    if os.environ.get("LMGEOM_SORT", "").strip().lower() == "numpy":
+    from .._env import sort_backend_override
+
+    if sort_backend_override() == "numpy":
         return False
     try:
         import torch  # noqa: F401

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from functools import lru_cache
 
 import numpy as np
@@ -48,7 +47,9 @@ def kernel_available() -> bool:
     """Whether the compiled kernel is used: numba imports and compiles it (checked once, on a
     small known case), and ``LMGEOM_RANK_KERNEL`` is not ``torch`` (which keeps the torch-sort
     path, e.g. to compare the two)."""
-    if os.environ.get("LMGEOM_RANK_KERNEL", "").strip().lower() in ("torch", "off", "0"):
+    from .._env import rank_kernel_enabled
+
+    if not rank_kernel_enabled():
         return False
     try:
         import numba  # noqa: F401

@@ -15,6 +15,7 @@ from .._paths import cache_dir
 from ..errors import ModelError
 from .adapter import LanguageModel
 from .bundled import BUNDLED, DEFAULT_MODEL, gguf_path
+from .checks import check_device, check_device_map, check_gguf_file, read_config_json
 
 log = logging.getLogger(__name__)
 
@@ -70,19 +71,27 @@ def load_model(
 
     Raises:
         ModelError: unknown name (lists the bundled ones), missing path, folder that is not a
-            model, corrupt weights, a model without a readout head, unreachable hub.
+            model (no or broken ``config.json``, no weights), a GGUF file that is empty, not
+            GGUF or truncated, corrupt weights, a model without a readout head, unreachable hub.
+        ConfigError: an unknown dtype, or a device this machine does not have (``banana``,
+            ``cuda`` on a CPU-only torch build, ``cuda:7`` beyond the GPUs present).
     """
     if isinstance(spec, LanguageModel):
         return spec
     import torch
 
     torch_dtype = resolve_dtype(dtype)
+    device = check_device(device)
+    check_device_map(device_map)
     if device is None and device_map is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if trust_remote_code:
         log.warning("trust_remote_code=True: code shipped with %s will run on this machine", spec)
     name = str(spec)
     path = Path(name).expanduser()
+    if revision and model_source(name) != "hub":
+        log.warning("revision %r ignored: revisions apply to hub models only; %s is %s", revision,
+                    name, _SOURCE_WORDS.get(model_source(name), "not a hub id"))
 
     if name in BUNDLED:
         folder, identity = _bundled_folder(name)
@@ -101,6 +110,7 @@ def load_model(
                 f"folder {path} is not a model: it has no config.json (expected a Hugging Face "
                 "model folder saved with save_pretrained, or pass a .gguf file)"
             )
+        read_config_json(path)
         source, gguf_file = path, None
         identity = {"source": "folder", "path": str(path.resolve()), "weights_sha256": weights_hash(path)}
     elif _looks_like_path(name):
@@ -169,6 +179,28 @@ def hub_snapshot(repo_id: str, revision: str | None) -> Path | None:
     return Path(got).parent if isinstance(got, (str, os.PathLike)) else None
 
 
+#: how messages name each :func:`model_source`
+_SOURCE_WORDS = {"bundled": "a bundled model", "gguf": "a .gguf file", "folder": "a local folder",
+                 "missing": "a path that does not exist", "unknown": "not a hub id (ORG/NAME)"}
+
+
+def model_source(spec: str | os.PathLike[str]) -> str:
+    """What kind of model ``spec`` names, without loading anything: ``bundled``, ``gguf`` (a
+    ``.gguf`` path), ``folder`` (an existing path), ``missing`` (looks like a path, does not
+    exist), ``hub`` (``ORG/NAME``) or ``unknown`` — the order :func:`load_model` tries them."""
+    name = str(spec)
+    path = Path(name).expanduser()
+    if name in BUNDLED:
+        return "bundled"
+    if path.suffix == ".gguf":
+        return "gguf"
+    if path.exists():
+        return "folder"
+    if _looks_like_path(name):
+        return "missing"
+    return "hub" if "/" in name else "unknown"
+
+
 def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or os.sep in name and name.count("/") != 1 or (
         name.endswith((".safetensors", ".bin", ".json"))
@@ -191,12 +223,17 @@ def _from_pretrained(source, *, name, dtype, revision, trust_remote_code, device
     except OSError as exc:
         raise ModelError(_hub_message(name, exc, revision)) from exc
     except ValueError as exc:
-        raise ModelError(f"cannot read the config of {name}: {exc}") from exc
-    archs = list(getattr(config, "architectures", None) or [])
+        raise ModelError(f"cannot read the config of {name}: {_first_line(exc)}") from exc
+    except Exception as exc:  # strict config validation raises many types
+        raise ModelError(f"the config of {name} is not usable ({type(exc).__name__}: "
+                         f"{_first_line(exc)}); fix config.json or re-save the model") from exc
+    archs = getattr(config, "architectures", None) or []
+    archs = [str(a) for a in archs] if isinstance(archs, (list, tuple)) else []
     if archs and not any(("CausalLM" in a or "LMHead" in a) for a in archs):
         raise ModelError(
             f"model {name!r} ({', '.join(archs)}) has no causal-LM readout head: lmgeom needs a "
-            "decoder with W_U (an encoder such as BERT/MiniLM cannot be analysed)"
+            "decoder-only causal LM with W_U (encoders such as BERT, encoder-decoders such as T5 "
+            "and multimodal wrappers cannot be analysed)"
         )
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -206,21 +243,33 @@ def _from_pretrained(source, *, name, dtype, revision, trust_remote_code, device
         if "Unrecognized configuration class" in str(exc) or "does not support" in str(exc):
             raise ModelError(
                 f"model {name!r} ({config.model_type}) has no causal-LM readout head: lmgeom needs a "
-                "decoder with W_U (an encoder such as BERT/MiniLM cannot be analysed)"
+                "decoder-only causal LM with W_U (encoders such as BERT, encoder-decoders such as "
+                "T5 and multimodal wrappers cannot be analysed)"
             ) from exc
-        raise ModelError(f"could not load {name}: {exc}") from exc
+        raise ModelError(f"could not load {name}: {_first_line(exc)}") from exc
     except OSError as exc:
         raise ModelError(_hub_message(name, exc, revision)) from exc
     except Exception as exc:  # safetensors/gguf parse errors come as many types
         raise ModelError(
-            f"could not load the weights of {name} ({type(exc).__name__}: {str(exc)[:200]}); "
-            "the file may be corrupt or truncated — re-download or re-save it"
+            f"could not build or load the model {name} ({type(exc).__name__}: "
+            f"{_first_line(exc)}); check its config.json — or the weights may be corrupt or "
+            "truncated: re-download or re-save them"
         ) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except Exception as exc:
-        raise ModelError(f"could not load the tokenizer of {name}: {str(exc)[:200]}") from exc
+        raise ModelError(f"could not load the tokenizer of {name}: {_first_line(exc)}") from exc
+    if tokenizer is None:
+        raise ModelError(f"{name} has no tokenizer files (tokenizer.json / tokenizer_config.json); "
+                         "save the tokenizer beside the model (tokenizer.save_pretrained)")
     return model, tokenizer
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message on one line, cut to ``limit`` characters (transformers' run to
+    paragraphs)."""
+    text = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())
+    return (text or type(exc).__name__)[:limit]
 
 
 def _hub_message(name: str, exc: Exception, revision: str | None = None) -> str:
@@ -263,6 +312,7 @@ def _convert_gguf(gguf: Path, sha: str, key: str) -> tuple[Path, dict[str, Any]]
     done = folder / ".lmgeom-converted"
     if done.is_file():
         return folder, identity
+    check_gguf_file(gguf)  # before the slow conversion: empty, not GGUF, cut short
     with FileLock(str(folder) + ".lock"):
         if done.is_file():
             return folder, identity

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from ..errors import TextsError
+from ..errors import ConfigError, TextsError
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -254,6 +254,9 @@ def sample_indices(
     """
     if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
         raise TextsError(f"limit must be a positive integer, got {limit!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer (the sample of texts is drawn "
+                          f"with numpy.random.default_rng(seed)), got {seed!r}")
     if limit >= n:
         return np.arange(n, dtype=np.int64)
     rng = np.random.default_rng(seed)

@@ -1,0 +1,140 @@
+"""The ``LMGEOM_*`` environment variables, read in one place.
+
+Every numeric or enumerated variable is parsed here (:func:`env_int`, :func:`env_float`,
+:func:`env_choice`), so a bad value (``LMGEOM_FRAME_CACHE_MB=abc``) is a
+:class:`~lmgeom.errors.ConfigError` that names the variable and what it accepts, never a silent
+fallback or a ``ValueError`` from deep inside a run. :func:`check_environment` reads them all;
+the CLI calls it before any work.
+
+Free-form variables (paths, flags) are read where they are used: ``LMGEOM_CACHE`` (checked by
+:func:`lmgeom._paths.check_cache_writable`), ``LMGEOM_WHEELS``, ``LMGEOM_QUIET`` and the
+``LMGEOM_TEST_*`` hooks of :mod:`lmgeom._testing`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+from .errors import ConfigError
+
+
+def _raw(name: str) -> str | None:
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def _bounds(minimum: float | None, maximum: float | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"between {minimum:g} and {maximum:g}"
+    if minimum is not None:
+        return f">= {minimum:g}"
+    if maximum is not None:
+        return f"<= {maximum:g}"
+    return "finite"
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None,
+              maximum: float | None = None, meaning: str = "") -> float:
+    """``float($name)``, ``default`` when unset or blank.
+
+    Raises:
+        ConfigError: not a number, not finite, or outside ``[minimum, maximum]``; the message
+            names the variable, the value, what it accepts and how to fix it.
+    """
+    text = _raw(name)
+    if text is None:
+        return default
+    what = f" ({meaning})" if meaning else ""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or (minimum is not None and value < minimum) or (
+            maximum is not None and value > maximum):
+        raise ConfigError(f"environment variable {name}={os.environ[name]!r} is not a number "
+                          f"{_bounds(minimum, maximum)}{what}; set it to one (default "
+                          f"{default:g}) or unset it")
+    return value
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None,
+            maximum: int | None = None, meaning: str = "") -> int:
+    """``int($name)``, ``default`` when unset or blank (raises like :func:`env_float`)."""
+    text = _raw(name)
+    if text is None:
+        return default
+    what = f" ({meaning})" if meaning else ""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or (minimum is not None and value < minimum) or (
+            maximum is not None and value > maximum):
+        raise ConfigError(f"environment variable {name}={os.environ[name]!r} is not an integer "
+                          f"{_bounds(minimum, maximum)}{what}; set it to one (default "
+                          f"{default}) or unset it")
+    return value
+
+
+def env_choice(name: str, choices: Sequence[str], default: str = "", *,
+               meaning: str = "") -> str:
+    """``$name`` lower-cased and stripped, which must be one of ``choices`` (``default`` when
+    unset or blank)."""
+    text = _raw(name)
+    if text is None:
+        return default
+    value = text.lower()
+    if value not in choices:
+        what = f" ({meaning})" if meaning else ""
+        raise ConfigError(f"environment variable {name}={os.environ[name]!r} is not one of "
+                          f"{', '.join(choices)}{what}; set it to one or unset it")
+    return value
+
+
+# ----------------------------------------------------------------------- the variables
+
+def frame_cache_mb() -> float:
+    """``LMGEOM_FRAME_CACHE_MB``: MB the null-frame cache may hold (default 512; 0 = off)."""
+    return env_float("LMGEOM_FRAME_CACHE_MB", 512.0, minimum=0.0,
+                     meaning="MB of memory for the PGA null-frame cache; 0 turns it off")
+
+
+#: accepted values of ``LMGEOM_SORT`` ('' = measure both once and take the faster)
+SORT_CHOICES = ("numpy", "torch", "auto")
+
+
+def sort_backend_override() -> str:
+    """``LMGEOM_SORT``: ``numpy``, ``torch``, or ``""`` (unset / ``auto``: measured)."""
+    value = env_choice("LMGEOM_SORT", SORT_CHOICES, meaning="backend of the PGA rank sort")
+    return "" if value == "auto" else value
+
+
+#: accepted values of ``LMGEOM_RANK_KERNEL``: the first three keep torch's sort
+RANK_KERNEL_OFF = ("torch", "off", "0")
+RANK_KERNEL_CHOICES = (*RANK_KERNEL_OFF, "numba", "on", "1", "auto")
+
+
+def rank_kernel_enabled() -> bool:
+    """``LMGEOM_RANK_KERNEL``: ``torch`` / ``off`` / ``0`` keep torch's sort; unset, ``auto``,
+    ``numba``, ``on`` or ``1`` use the compiled kernel where it works."""
+    value = env_choice("LMGEOM_RANK_KERNEL", RANK_KERNEL_CHOICES,
+                       meaning="torch/off/0 rank with torch's sort")
+    return value not in RANK_KERNEL_OFF
+
+
+def hold_seconds() -> float:
+    """``LMGEOM_TEST_HOLD_S`` (test hook): the longest a hold waits (default 120 s)."""
+    return env_float("LMGEOM_TEST_HOLD_S", 120.0, minimum=0.0, meaning="seconds")
+
+
+def check_environment() -> None:
+    """Parse every numeric / enumerated ``LMGEOM_*`` variable now (the CLI calls this before
+    any work), so a bad value fails at once with a message naming the variable."""
+    frame_cache_mb()
+    sort_backend_override()
+    rank_kernel_enabled()
+    hold_seconds()
