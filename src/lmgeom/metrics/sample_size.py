@@ -187,14 +187,16 @@ def pga_flags(*, n: int, n_distinct: int, n_null: int, n_pairs: int, exact: bool
         if k < r:
             continue
         r0 = r + m
+        span = max(0, min(n_distinct, n) - 1)
         if m > 0 and k < r0:
+            more = (f", or more than k + ccr + 1 = {k + m + 1} distinct texts"
+                    if r0 >= span else "")
             why = (f"CCR-{m} leaves rank {r} of the centred states' {r0}, and k={k} >= {r}: the "
                    "readout subspace is as large as what is left of the data, so readout and "
                    f"random frames preserve the distances alike and z is not meaningful; use "
-                   f"a ccr below {r0 - k} or a smaller k")
+                   f"a ccr below {r0 - k} or a smaller k{more}")
         else:
             after = "centring" + (f"/CCR-{m}" if m else "")
-            span = max(0, min(n_distinct, n) - 1)
             same = ("the readout subspace is as large as the data's span, so readout and "
                     "random frames preserve the distances alike and z is not meaningful")
             smaller_k = f"k < {r} or " if r > 1 else ""
