@@ -164,9 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "more memory", file=sys.stderr)
             return 2
         log.info("unexpected error", exc_info=True)  # -v: the traceback
+        where = ("the traceback is above" if args.verbose
+                 else "rerun with -v to see the traceback")
         print(f"{prog}: error: unexpected {type(exc).__name__}: {_one_line(exc, 300)} (this is a "
-              "bug in lmgeom or an unsupported input; rerun with -v to see the traceback)",
-              file=sys.stderr)
+              f"bug in lmgeom or an unsupported input; {where})", file=sys.stderr)
         return 1
 
 
