@@ -17,11 +17,11 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import CORPUS
 
 import lmgeom
 from lmgeom.cli import main
 from lmgeom.errors import ConfigError, ModelError
-from conftest import CORPUS
 
 
 def _fail(argv, capsys, *, rc: int = 2) -> str:
@@ -43,7 +43,7 @@ def _fail(argv, capsys, *, rc: int = 2) -> str:
 def no_work(monkeypatch):
     """Loading (or converting) any model fails the test: what is checked "before working"
     must come out before this point."""
-    import lmgeom.models.load as load
+    from lmgeom.models import load
 
     def boom(*args, **kwargs):
         raise AssertionError("should not be reached: a model was loaded")
