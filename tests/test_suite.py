@@ -189,6 +189,7 @@ def test_identical_checkpoint_weights_warn(tmp_path, micro_suite, caplog):
     meta = json.loads(meta_p.read_text())
     meta["weights_sha256"] = json.loads((dup / "16" / "step1" / "lmgeom_checkpoint.json").read_text())["weights_sha256"]
     meta_p.write_text(json.dumps(meta))
+    (dup / "manifest.json").unlink()  # a copy is not lmgeom's output: it would not be replaced
     with caplog.at_level(logging.WARNING, logger="lmgeom.training.suite"):
         m = write_manifest(dup)
     assert m["identical_weights"] == [["w16@step1", "w16@step2"]]

@@ -144,6 +144,9 @@ def test_lora_compare_cross_domain(tiny_dir, corpora, tmp_path):
     r = json.loads(res_file.read_text())
     r.pop("final_eval")
     res_file.write_text(json.dumps(r))
+    from lmgeom._io import record_written
+
+    record_written(res_file)  # as the older lmgeom would have (its own output, replaceable)
     args = _args(tiny_dir("llama"), out, [corpora["prose"], corpora["code"]], "--compare",
                  "--aux-mode", "cross", "--lambda", "2", "--lr", "3e-3", "--merge-lora")
     assert main(args) == 0

@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import sys
+import warnings
 from collections.abc import Sequence
 
 from . import __version__
@@ -136,7 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         apply_model_args(args)
         validate_args(args)  # before any work: environment, devices, optional packages
-        return int(args._run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.formatwarning = _warning_format(prog)
+            return int(args._run(args) or 0)
     except LmgeomError as exc:
         log.debug("user error", exc_info=True)
         print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
@@ -169,6 +172,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: error: unexpected {type(exc).__name__}: {_one_line(exc, 300)} (this is a "
               f"bug in lmgeom or an unsupported input; {where})", file=sys.stderr)
         return 1
+
+
+def _warning_format(prog: str):
+    """``warnings.formatwarning`` for a CLI run: lmgeom's own warnings (a number computed from
+    too little data, :class:`~lmgeom.errors.LowSampleWarning`) as one line
+    ``lmgeom CMD: warning: ...``; every other warning as Python formats it."""
+    from .errors import LowSampleWarning
+
+    original = warnings.formatwarning
+
+    def fmt(message, category, filename, lineno, line=None):
+        if issubclass(category, LowSampleWarning):
+            return f"{prog}: warning: {_one_line(message)}\n"
+        return original(message, category, filename, lineno, line)
+
+    return fmt
 
 
 def _prog(args) -> str:

@@ -77,8 +77,11 @@ def config_from_args(args):
 
 def run(args) -> int:
     from ..experiments.base import run_experiment
-    from ..experiments.dispersion import DispersionExperiment, attach_to_run
+    from ..experiments.dispersion import DispersionExperiment, attach_to_run, check_attach
     from ..models.bundled import DEFAULT_MODEL
+
+    if args.attach:
+        check_attach(args.attach)  # before any work
 
     models = tuple(args.model or [DEFAULT_MODEL])
     corpora = tuple(args.texts or ["builtin:wiki"])

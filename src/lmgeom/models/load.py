@@ -335,9 +335,11 @@ def _convert_gguf(gguf: Path, sha: str, key: str) -> tuple[Path, dict[str, Any]]
 
 
 def cached_file_hash(path: Path) -> str:
-    """sha256 of a file, memoised in the cache by (path, size, mtime)."""
+    """sha256 of a file, memoised in the cache by (path, inode, size, mtime, ctime): a file
+    replaced or edited in place (even with its old mtime restored) is hashed again."""
     st = path.stat()
-    memo = cache_dir("hashes") / (stable_hash([str(path.resolve()), st.st_size, st.st_mtime_ns])[:32])
+    memo = cache_dir("hashes") / (stable_hash([str(path.resolve()), st.st_dev, st.st_ino,
+                                               st.st_size, st.st_mtime_ns, st.st_ctime_ns])[:32])
     if memo.is_file():
         return memo.read_text().strip()
     sha = sha256_file(path)
@@ -363,3 +365,51 @@ def _tokenizer_hash(tokenizer) -> str:
     except Exception:  # pragma: no cover - exotic tokenizers
         pass
     return stable_hash(sorted(tokenizer.get_vocab().items()))[:16]
+
+
+def model_fingerprint(spec: str, revision: str | None = None) -> dict[str, Any]:
+    """The content identity of a model spec, without loading it: what a result computed from
+    this model must be keyed by so that replaced weights or a moved hub revision recompute.
+
+    bundled name → its published sha256 (else the assembled GGUF's); ``.gguf`` file → the
+    file's sha256; local folder → the hash of its weight files and of its config / tokenizer
+    files; hub id → the commit ``revision`` resolves to (from the hub when reachable, else the
+    local hub cache; ``None`` when neither knows it)."""
+    name = str(spec)
+    path = Path(name).expanduser()
+    if name in BUNDLED:
+        bm = BUNDLED[name]
+        sha = bm.sha256
+        if sha is None:
+            with contextlib.suppress(ModelError, OSError):
+                gguf = gguf_path(bm, cache_dir("models"))
+                sha = cached_file_hash(gguf)
+        return {"bundled": name, "sha256": sha}
+    if path.suffix == ".gguf" and path.is_file():
+        return {"gguf_sha256": cached_file_hash(path)}
+    if path.is_dir():
+        side = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".json", ".model",
+                                                                                  ".txt", ".tiktoken"))
+        return {"weights": weights_hash(path),
+                "files": [[p.name, cached_file_hash(p)] for p in side]}
+    if "/" in name and not _looks_like_path(name):
+        return {"hub_id": name, "revision": revision or "main",
+                "commit": resolve_hub_commit(name, revision)}
+    return {"spec": name}
+
+
+def resolve_hub_commit(repo_id: str, revision: str | None) -> str | None:
+    """The commit a hub ``revision`` points at now: asked of the hub unless it is offline
+    (``HF_HUB_OFFLINE``), else read from the local hub cache's refs."""
+    rev = revision or "main"
+    if len(rev) == 40 and all(c in "0123456789abcdef" for c in rev):
+        return rev
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    if not offline:
+        with contextlib.suppress(Exception):  # no hub reachable: fall back to the cache
+            from huggingface_hub import HfApi
+
+            sha = HfApi().model_info(repo_id, revision=rev, timeout=10).sha
+            if sha:
+                return str(sha)
+    return hub_commit(repo_id, rev)
