@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "lmgeom"
 #: bottom to top; a module may import its own layer's base modules and any layer below it
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors"}),
-    frozenset({"_io", "_paths", "_testing", "_version"}),
+    frozenset({"_io", "_paths", "_testing", "_version", "_env"}),
     frozenset({"results"}),
     frozenset({"texts"}),
     frozenset({"models"}),

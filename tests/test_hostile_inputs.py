@@ -483,3 +483,103 @@ def test_two_extract_processes_on_one_out(tiny_path, corpus, tmp_path):
 
     acts = load_activations(out)
     assert acts.states.shape[1] in (6, 7)
+
+
+# ------------------------------------------------------------------ more odd output paths
+@pytest.mark.parametrize("how", ["symlink-to-cache", "tilde-home", "empty-string",
+                                 "under-a-file", "trailing-dotdot"])
+def test_odd_out_paths(how, tmp_path, capsys, monkeypatch):
+    cache = Path(os.environ["LMGEOM_CACHE"])
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    work = tmp_path / "w"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    (work / "file.txt").write_text("x")
+    if how == "symlink-to-cache":
+        (work / "link").symlink_to(cache, target_is_directory=True)
+    out = {"symlink-to-cache": "link", "tilde-home": "~", "empty-string": "",
+           "under-a-file": "file.txt/run", "trailing-dotdot": "runs/.."}[how]
+    _no_model(monkeypatch)
+    assert main(["analyze", "--out", out]) == 2
+    line = _error_line(capsys)
+    assert {"symlink-to-cache": "cache", "tilde-home": "home folder",
+            "empty-string": "got an empty string", "under-a-file": "file.txt",
+            "trailing-dotdot": "current folder"}[how] in line
+    assert (work / "file.txt").read_text() == "x"
+
+
+def test_rerun_refuses_before_work_when_the_table_was_edited_by_hand(tiny_path, corpus,
+                                                                      tmp_path, capsys,
+                                                                      monkeypatch):
+    out = tmp_path / "run"
+    argv = [*ANALYZE, "--model", tiny_path, "--texts", corpus, "--out", str(out)]
+    assert main(argv) == 0
+    time.sleep(0.01)
+    (out / "layers.csv").write_text("my edited table\n")
+    _no_model(monkeypatch)
+    for extra in ([], ["--seed", "3", "--overwrite"]):
+        assert main([*argv, *extra]) == 2
+        assert "layers.csv already exists and lmgeom did not write it" in _error_line(capsys)
+    assert (out / "layers.csv").read_text() == "my edited table\n"
+
+
+def test_api_export_onto_a_foreign_file(tmp_path):
+    import numpy as np
+
+    from lmgeom.activations.core import Activations
+    from lmgeom.activations.export import export_activations
+
+    acts = Activations(states=np.ones((1, 2, 3), np.float32), layers=("1",), model="m",
+                       model_identity={}, texts_hash="h", text_ids=("a", "b"), labels=None,
+                       settings={"pooling": "last"}, n_tokens=np.array([3, 4]), n_truncated=0)
+    (tmp_path / "a.parquet").write_bytes(b"mine")
+    with pytest.raises(CacheError, match="did not write"):
+        export_activations(acts, tmp_path / "a", format="parquet")
+    assert (tmp_path / "a.parquet").read_bytes() == b"mine"
+    export_activations(acts, tmp_path / "b", format="parquet")  # a new path is fine
+    export_activations(acts, tmp_path / "b", format="parquet")  # and its own file again
+
+
+def test_ctrl_c_during_extract_releases_the_lock_and_writes_nothing(tiny_path, corpus, tmp_path,
+                                                                     capsys, monkeypatch):
+    import lmgeom.activations.export as export
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export, "export_activations", interrupted)
+    out = tmp_path / "acts"
+    assert main(_extract(tiny_path, corpus, out)) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert not (tmp_path / "acts.safetensors").exists()
+    proc = _hold_lock(tmp_path / "acts.safetensors")  # another process can take it at once
+    proc.kill()
+    proc.wait()
+
+
+def test_attach_refuses_a_run_whose_manifest_was_edited(tmp_path, capsys, monkeypatch):
+    from lmgeom._io import write_json
+    from lmgeom.results.folder import prepare_out_dir
+
+    run = prepare_out_dir(tmp_path / "run", "sig")
+    write_json(run / "manifest.json", {"command": "analyze"})
+    time.sleep(0.01)
+    (run / "manifest.json").write_text("{}")
+    _no_model(monkeypatch)
+    assert main(["dispersion", "--attach", str(run), "--out", str(tmp_path / "d")]) == 2
+    assert "not a finished lmgeom run folder" in _error_line(capsys)
+
+
+def test_leftover_temporaries_of_other_programs_are_kept(tmp_path):
+    from lmgeom._io import write_json
+    from lmgeom.results.folder import prepare_out_dir
+
+    run = prepare_out_dir(tmp_path / "run", "sig")
+    (run / ".notes.tmp").write_text("a user's temporary file")
+    (run / ".layers.parquet.lmgeom-abc123.tmp").write_text("left by a killed lmgeom writer")
+    write_json(run / "x.json", {})
+    prepare_out_dir(run, "sig")  # a rerun cleans only lmgeom's leftovers
+    assert (run / ".notes.tmp").is_file()
+    assert not (run / ".layers.parquet.lmgeom-abc123.tmp").exists()

@@ -14,6 +14,7 @@ from .options import (
     int_range,
     model_options_from_args,
     nonneg_int,
+    path_arg,
     positive_int,
     progress_from_args,
     text_options_from_args,
@@ -57,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--position-chunk", type=positive_int, default=None,
                    help="positions per readout matmul (default: 64 MiB of float32 logits)")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the chunk cache")
-    g.add_argument("--attach", default=None, metavar="RUN_DIR",
+    g.add_argument("--attach", default=None, type=path_arg, metavar="RUN_DIR",
                    help="also add the results to an `lmgeom analyze` run folder and regenerate "
                         "its report.html with a dispersion section")
     p.add_argument("--log-samples", action="store_true",

@@ -10,6 +10,7 @@ from .options import (
     add_model_args,
     add_texts_args,
     load_texts_from_args,
+    path_arg,
     positive_int,
     print_table,
     progress_from_args,
@@ -31,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_texts_args(p)
     add_extract_args(p)
     g = p.add_argument_group("output")
-    g.add_argument("--out", default="activations",
+    g.add_argument("--out", default="activations", type=path_arg,
                    help="output path stem: OUT.safetensors + OUT.json, OUT.parquet, or the "
                         "dataset folder OUT (--format hf)")
     g.add_argument("--format", default="safetensors", choices=["safetensors", "parquet", "hf"],

@@ -152,7 +152,7 @@ def add_extract_args(p: argparse.ArgumentParser, *, layers: str = "all", pooling
 
 def add_run_args(p: argparse.ArgumentParser, *, out: str | None = None) -> None:
     g = p.add_argument_group("run")
-    g.add_argument("--out", default=out, help="output folder")
+    g.add_argument("--out", default=out, type=path_arg, help="output folder")
     g.add_argument("--overwrite", action="store_true",
                    help="replace an output folder that holds a different run")
     g.add_argument("--seed", type=seed_int, default=0, help="seed of every sampling step")
@@ -467,7 +467,7 @@ def _check_revision(args) -> None:
     (a bundled model, local folder or .gguf has one version), where it would be ignored."""
     from ..errors import ConfigError
     from ..models.bundled import DEFAULT_MODEL
-    from ..models.load import _SOURCE_WORDS, model_source
+    from ..models.load import SOURCE_WORDS, model_source
 
     revisions = _values(args, "revision")
     if not revisions or getattr(args, "command", "") == "sweep":  # sweep pairs them itself
@@ -480,5 +480,15 @@ def _check_revision(args) -> None:
         return
     m, kind = next(iter(kinds.items()))
     raise ConfigError(f"--revision applies to hub models only; {m} is "
-                      f"{_SOURCE_WORDS.get(kind, 'not a hub id')}, which has exactly one version: "
+                      f"{SOURCE_WORDS.get(kind, 'not a hub id')}, which has exactly one version: "
                       "drop --revision (or give a hub id such as EleutherAI/pythia-160m)")
+
+
+def path_arg(text: str) -> str:
+    """argparse type of an output path: not empty (an unset shell variable), no NUL."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be a path, got an empty string (an unset shell "
+                                         "variable?)")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("must be a path, got a string with a NUL character")
+    return text

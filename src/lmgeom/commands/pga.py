@@ -11,6 +11,7 @@ from .options import (
     add_texts_args,
     load_model_from_args,
     load_texts_from_args,
+    path_arg,
     print_table,
     progress_from_args,
     seed_int,
@@ -32,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_extract_args(p)
     add_pga_args(p, ccr="1")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the text sample, null frames and pairs")
-    p.add_argument("--csv", default=None, help="also write the tidy rows to this CSV file")
+    p.add_argument("--csv", default=None, type=path_arg, help="also write the tidy rows to this CSV file")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

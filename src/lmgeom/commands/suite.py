@@ -11,6 +11,7 @@ from .options import (
     nonneg_float,
     nonneg_int,
     open_fraction,
+    path_arg,
     positive_float,
     positive_int,
     seed_int,
@@ -40,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t = sub.add_parser("train", help="train (or resume, or extend) a suite",
                        description="Train a width suite (resumes / skips finished widths).",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    t.add_argument("--out", required=True, metavar="DIR", help="suite folder")
+    t.add_argument("--out", required=True, type=path_arg, metavar="DIR", help="suite folder")
     t.add_argument("--micro", action="store_true",
                    help="tiny configuration for tests and smoke runs (widths 16,32, 2 layers, "
                         "768 tokens, builtin:news); other options override it")

@@ -12,6 +12,7 @@ from .options import (
     nonneg_float,
     nonneg_int,
     open_fraction,
+    path_arg,
     positive_float,
     positive_int,
     progress_from_args,
@@ -101,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop (checkpointed) after this many steps in this call; rerun to go on")
     g.add_argument("--keep-checkpoint", action="store_true",
                    help="keep the last checkpoint (optimizer state) after an arm finishes")
-    g.add_argument("--out", default=None, help="output folder (default runs/train-<model>-<method>)")
+    g.add_argument("--out", default=None, type=path_arg, help="output folder (default runs/train-<model>-<method>)")
     g.add_argument("--overwrite", action="store_true",
                    help="replace an output folder that holds a different run")
     g.add_argument("--seed", type=seed_int, default=0,

@@ -72,7 +72,7 @@ def run_experiment(experiment: Experiment, out: str | Path, *, overwrite: bool =
     run there needs ``overwrite``), run with ``out/.work`` as its resume state, then write the
     table, the plots and report, and the manifest (:meth:`RunFolder.save`)."""
     with RunFolder.create(out, experiment.command, experiment.settings(),
-                          overwrite=overwrite) as folder:
+                          overwrite=overwrite, table=experiment.table) as folder:
         result = experiment.run(work_dir=folder.work, progress=progress)
         page = folder.save(result, table=experiment.table, report=report)
     return Run(result, folder, page)

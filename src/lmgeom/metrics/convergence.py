@@ -19,16 +19,16 @@ from lmgeom.metrics._null_runner import make_runner
 from lmgeom.metrics._pairs import build_layout, make_plan
 from lmgeom.metrics.geometry import iter_frames
 from lmgeom.metrics.pga import (
-    _level_ranks,
-    _warn,
     check_basis,
     check_common,
     check_precision,
     frame_dtype,
     frozen_array,
+    level_ranks,
     null_summary,
     prepare_levels,
     readout_projection,
+    warn_messages,
 )
 from lmgeom.metrics.sample_size import (
     MIN_NULL,
@@ -140,7 +140,7 @@ def cross_model_alignment(
         res = _alignment(X_a, X_b, basis_a, basis_b, n_null, ccr, pairs, seed, device, workers,
                          precision, label)
     if warn:
-        _warn(res.warnings)
+        warn_messages(res.warnings)
     return res
 
 
@@ -172,7 +172,7 @@ def _alignment(X_a: Any, X_b: Any, basis_a: Any, basis_b: Any, n_null: int, ccr:
     for name, preps, lv, k in (("model A", preps_a, lv_a, ka), ("model B", preps_b, lv_b, kb)):
         got = pga_flags(n=pa.n, n_distinct=preps[ccr].n_distinct, n_null=MIN_NULL,
                         n_pairs=int(plan.n_pairs), exact=True, k=k,
-                        ranks=_level_ranks(preps, lv, (ccr,), k),
+                        ranks=level_ranks(preps, lv, (ccr,), k),
                         label=f"{label}: {name}" if label else name)
         fl += [f for f in got[None] + got.get(ccr, []) if f[0] != "low_n"]
     lay_a = build_layout(plan, pa.inv, pa.n_unique, ka)

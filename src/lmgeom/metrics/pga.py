@@ -347,7 +347,7 @@ def subspace_pga(
         res = _subspace_pga(X, basis, n_null, ccr, pairs, seed, device, workers, precision,
                             label)
     if warn:
-        _warn(res.warnings)
+        warn_messages(res.warnings)
     return res
 
 
@@ -397,11 +397,11 @@ def subspace_pga_levels(
         res = _pga_levels(X, basis, levels, n_null, pairs, seed, device, workers, precision,
                           label)
     if warn:
-        _warn([w for r in res.values() for w in r.warnings])
+        warn_messages([w for r in res.values() for w in r.warnings])
     return res
 
 
-def _warn(messages: Any) -> None:
+def warn_messages(messages: Any) -> None:
     """One :class:`~lmgeom.errors.LowSampleWarning` per distinct message, in order (pointing
     at the caller of subspace_pga / subspace_pga_levels)."""
     for msg in dict.fromkeys(messages):
@@ -466,7 +466,7 @@ def _pga_levels(X: Any, basis: Any, levels: tuple[int, ...], n_null: int, pairs:
         )
     flags = pga_flags(n=n, n_distinct=any_prep.n_distinct, n_null=n_null,
                       n_pairs=int(plan.n_pairs), exact=plan.exact, k=k,
-                      ranks=_level_ranks(preps, lv, levels, k), label=label)
+                      ranks=level_ranks(preps, lv, levels, k), label=label)
     runner = make_runner(plan.n_pairs, device, workers, label)
     fdt = frame_dtype(precision, plan, runner)
     w = runner.main
@@ -506,11 +506,11 @@ def _pga_levels(X: Any, basis: Any, levels: tuple[int, ...], n_null: int, pairs:
     return {m: results[m] for m in levels}
 
 
-#: Extra rows in the cheap rank certificate of :func:`_level_ranks`.
+#: Extra rows in the cheap rank certificate of :func:`level_ranks`.
 _RANK_SLACK = 16
 
 
-def _level_ranks(preps: dict[int, Prepared], lv: CCRLevels, levels: tuple[int, ...],
+def level_ranks(preps: dict[int, Prepared], lv: CCRLevels, levels: tuple[int, ...],
                  k: int) -> dict[int, int] | None:
     """Rank r_m of the states after centring / CCR-m per level, or None when every r_m > k.
 

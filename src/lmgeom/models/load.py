@@ -91,7 +91,7 @@ def load_model(
     path = Path(name).expanduser()
     if revision and model_source(name) != "hub":
         log.warning("revision %r ignored: revisions apply to hub models only; %s is %s", revision,
-                    name, _SOURCE_WORDS.get(model_source(name), "not a hub id"))
+                    name, SOURCE_WORDS.get(model_source(name), "not a hub id"))
 
     if name in BUNDLED:
         folder, identity = _bundled_folder(name)
@@ -180,7 +180,7 @@ def hub_snapshot(repo_id: str, revision: str | None) -> Path | None:
 
 
 #: how messages name each :func:`model_source`
-_SOURCE_WORDS = {"bundled": "a bundled model", "gguf": "a .gguf file", "folder": "a local folder",
+SOURCE_WORDS = {"bundled": "a bundled model", "gguf": "a .gguf file", "folder": "a local folder",
                  "missing": "a path that does not exist", "unknown": "not a hub id (ORG/NAME)"}
 
 

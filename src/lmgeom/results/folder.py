@@ -257,9 +257,11 @@ class RunFolder:
 
     @classmethod
     def create(cls, out: str | Path, command: str, settings: dict[str, Any], *,
-               overwrite: bool = False) -> RunFolder:
+               overwrite: bool = False, table: str | None = None) -> RunFolder:
         """Lock ``out``, then create it or check that it holds the same run (``overwrite``
-        replaces a different one). Raises :class:`CacheError` when another run holds it."""
+        replaces a different one). Raises :class:`CacheError` when another run holds it, and
+        before any work when a file the run will write (``<table>.parquet/.csv``,
+        ``manifest.json``, ``report.html``) is there but not lmgeom's (e.g. edited by hand)."""
         out = check_output_location(out)
         if out.exists() and not out.is_dir():
             raise CacheError(f"--out {out} exists and is not a folder; choose another path")
@@ -268,6 +270,11 @@ class RunFolder:
         folder._acquire()
         try:
             prepare_out_dir(out, signature, overwrite=overwrite)
+            names = ["manifest.json", "report.html"]
+            if table:
+                names += [f"{table}.parquet", f"{table}.csv"]
+            for name in names:
+                check_replaceable(out / name, what="--out")
         except BaseException:
             folder.close()
             raise
