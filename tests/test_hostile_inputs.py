@@ -583,3 +583,30 @@ def test_leftover_temporaries_of_other_programs_are_kept(tmp_path):
     prepare_out_dir(run, "sig")  # a rerun cleans only lmgeom's leftovers
     assert (run / ".notes.tmp").is_file()
     assert not (run / ".layers.parquet.lmgeom-abc123.tmp").exists()
+
+
+def test_readme_checks_table_names_real_tests():
+    """Each row of the README's "What lmgeom checks for you" table names tests that exist."""
+    import re
+
+    root = Path(__file__).parents[1]
+    readme = (root / "README.md").read_text()
+    section = readme.split("## What lmgeom checks for you", 1)[1].split("\n## ", 1)[0]
+    files = {"bad": "test_bad_input.py", "hostile": "test_hostile_inputs.py",
+             "h-texts": "test_hostile_texts.py", "h-cli": "test_hostile_cli.py",
+             "h-stats": "test_hostile_stats.py", "faults": "test_faults.py",
+             "rel": "test_reliability.py", "ray": "test_ray_cluster.py"}
+    rows = [ln for ln in section.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    assert len(rows) >= 30
+    for row in rows:
+        cell = row.rstrip(" |").rsplit("|", 1)[1]
+        named, current = 0, None
+        for word, name in re.findall(r"(?:^|[\s,;])([a-z][a-z-]*) (?=`)|`(test_\w+)`", cell):
+            if word:
+                assert word in files, (word, row)
+                current = files[word]
+                continue
+            assert current is not None, row
+            assert f"def {name}(" in (root / "tests" / current).read_text(), (name, current)
+            named += 1
+        assert named, row
