@@ -119,8 +119,14 @@ def _isolated_cache(tmp_path_factory):
         src.mkdir(parents=True, exist_ok=True)
         (tmp / sub).symlink_to(src, target_is_directory=True)
     os.environ["LMGEOM_CACHE"] = str(tmp)
+    state = os.environ.get("LMGEOM_STATE")
+    os.environ["LMGEOM_STATE"] = str(tmp_path_factory.mktemp("lmgeom-state"))  # written files
     yield
     os.environ["LMGEOM_CACHE"] = real
+    if state is None:
+        os.environ.pop("LMGEOM_STATE", None)
+    else:
+        os.environ["LMGEOM_STATE"] = state
 
 
 @pytest.fixture(scope="session")

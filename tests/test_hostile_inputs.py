@@ -610,3 +610,17 @@ def test_readme_checks_table_names_real_tests():
             assert f"def {name}(" in (root / "tests" / current).read_text(), (name, current)
             named += 1
         assert named, row
+
+
+def test_changing_the_cache_forgets_nothing(tmp_path, monkeypatch):
+    """What lmgeom wrote is recorded apart from the cache: another LMGEOM_CACHE (or a deleted
+    cache) still lets a rerun replace its own run folder."""
+    from lmgeom._io import write_json, written_by_lmgeom
+    from lmgeom.results.folder import prepare_out_dir
+
+    run = prepare_out_dir(tmp_path / "run", "sig")
+    write_json(run / "manifest.json", {})
+    monkeypatch.setenv("LMGEOM_CACHE", str(tmp_path / "other-cache"))
+    assert written_by_lmgeom(run / "manifest.json")
+    prepare_out_dir(run, "sig2", overwrite=True)
+    assert not (run / "manifest.json").exists()

@@ -123,11 +123,11 @@ def atomic_path(target: str | os.PathLike[str], *, need: int | None = None,
 # --------------------------------------------------------------------------- ownership
 #
 # lmgeom never deletes or replaces a file it did not write. Every file it writes outside its
-# cache is recorded in a ledger under the cache (``$LMGEOM_CACHE/written/``, one small JSON per
-# path) with the file's identity right after the write: device, inode, size, mtime and ctime
-# (ctime cannot be set by a user). A file "is lmgeom's" when its identity still matches the
-# record: a file a user wrote, edited, touched or copied over lmgeom's does not match. Without
-# a record (e.g. the cache was deleted) a file counts as foreign: lmgeom then refuses instead.
+# cache is recorded in a ledger (:func:`ledger_root`: ``~/.local/state/lmgeom/written/``, one
+# small JSON per path) with the file's identity right after the write: device, inode, size,
+# mtime and ctime (ctime cannot be set by a user). A file "is lmgeom's" when its identity still
+# matches the record: a file a user wrote, edited, touched or copied over lmgeom's does not
+# match. Without a record a file counts as foreign: lmgeom then refuses instead.
 
 #: marker inside the names of atomic writes' temporaries (``.NAME.lmgeom-XXXX.tmp``): only such
 #: leftovers of a killed writer are ever cleaned up
@@ -138,14 +138,24 @@ def _identity(st: os.stat_result) -> list[int]:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def _ledger_entry(path: Path) -> Path | None:
-    from ._paths import cache_root
+def ledger_root() -> Path:
+    """Where the record of written files lives: ``$LMGEOM_STATE`` if set, else
+    ``$XDG_STATE_HOME/lmgeom`` (default ``~/.local/state/lmgeom``), then ``written/``. Apart
+    from the cache, so changing ``LMGEOM_CACHE`` or deleting the cache forgets nothing."""
+    state = os.environ.get("LMGEOM_STATE")
+    if not state:
+        xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        state = str(Path(xdg) / "lmgeom")
+    return Path(state).expanduser() / "written"
 
+
+def _ledger_entry(path: Path) -> Path | None:
     try:
         key = sha256_bytes(str(Path(os.path.abspath(path))).encode("utf-8", "surrogateescape"))
-    except (OSError, ValueError):  # pragma: no cover - unrepresentable path
+        root = ledger_root()
+    except (OSError, ValueError, RuntimeError):  # pragma: no cover - unrepresentable path
         return None
-    return cache_root() / "written" / key[:2] / f"{key[2:34]}.json"
+    return root / key[:2] / f"{key[2:34]}.json"
 
 
 def in_cache(path: str | os.PathLike[str]) -> bool:
