@@ -41,11 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--position-chunk", type=positive_int, default=None,
                    help="positions per readout matmul (default: 64 MiB of float32 logits)")
     g.add_argument("--out", default=None, type=path_arg, help="write the per-text table here (.csv/.parquet/.jsonl)")
-    g.add_argument("--per-token", nargs="?", const="", default=None, type=path_arg, metavar="PATH",
+    g.add_argument("--per-token", nargs="?", const="", default=None, metavar="PATH",
                    help="also stream token-level NLL (id, position, token_id, token, nll) to "
                         "parquet: PATH, or OUT.tokens.parquet beside --out (else "
                         "ppl-tokens.parquet)")
-    g.add_argument("--log-samples", nargs="?", const="", default=None, type=path_arg, metavar="PATH",
+    g.add_argument("--log-samples", nargs="?", const="", default=None, metavar="PATH",
                    help="also write one row per text (id, label, n_tokens, truncated, NLL, "
                         "perplexity) to PATH (default: OUT.samples.parquet / samples.parquet)")
     g.add_argument("--show", type=nonneg_int, default=10, help="texts to print (highest and lowest)")
