@@ -16,11 +16,12 @@ from matplotlib.collections import PolyCollection
 from PIL import Image
 
 from lmgeom.errors import ConfigError, DataError
-from lmgeom.results.table import frame, read_table, row, write_table
+from lmgeom.metrics.regime import pga_findings
 from lmgeom.report import html as report_html
 from lmgeom.report import plots, reading
 from lmgeom.report.html import write_report
-from lmgeom.report.reading import describe_pga, fmt_num, layers_phrase, pga_findings
+from lmgeom.report.reading import describe_pga, fmt_num, layers_phrase
+from lmgeom.results.table import frame, read_table, row, write_table
 
 L = 30  # blocks of the synthetic model
 LABELS = [str(i) for i in range(L + 1)] + ["final"]  # 32 points on the layer axis

@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 from lmgeom.errors import DataError
-from lmgeom.experiments.regime import classify_regime, regime_rows, regimes_from_table
+from lmgeom.experiments.regime import regime_rows
+from lmgeom.metrics.regime import classify_regime, regimes_from_table
 
 
 def prof(*z):
@@ -68,8 +69,8 @@ def test_zone_rule_edges():
 
 def test_regime_agrees_with_report_reading():
     """Random profiles: detour exactly when the report's reading finds a collapse zone."""
+    from lmgeom.metrics.regime import pga_findings
     from lmgeom.results import table
-    from lmgeom.report.reading import pga_findings
 
     rng = np.random.default_rng(0)
     for _ in range(40):

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, LmgeomError
+from ..metrics.regime import parse_setting
 from ..results import table
 from .base import register
 from .options import ModelOptions, TextOptions
@@ -125,7 +126,7 @@ def summary_rows(df) -> list[dict[str, Any]]:
     wide = df.pivot_table(index=["model", "layer_index", "layer", "setting"], columns="metric",
                           values="value", aggfunc="first").reset_index().sort_values(["model", "layer_index"])
     return [{"model A": r.model, "layer A": r.layer,
-             "model B": r.setting.split(";")[0][3:], "layer B": r.setting.split("layer_b=")[1].split(";")[0],
+             "model B": parse_setting(r.setting)["vs"], "layer B": parse_setting(r.setting)["layer_b"],
              "full": r.conv_full, "readout": r.conv_readout, "null mean": r.conv_null_mean,
              "null sd": r.conv_null_std, "z": r.conv_z} for r in wide.itertuples()]
 

@@ -14,7 +14,7 @@ Extra rows beyond the layer sweep (all model-level, ``layer = ""``):
 ``readout_k``            the readout dimension k used for that model (``--k auto``: min(100, d // 4))
 ``val_loss``             the suite's held-out loss at that checkpoint (suites only)
 ``regime_detour``, ``collapse_min_z``, ``collapse_restored_ccr``, ``collapse_zone_layers``
-                         the regime of the CCR-1 profile (:mod:`lmgeom.experiments.regime`)
+                         the regime of the CCR-1 profile (:mod:`lmgeom.metrics.regime`)
 ``zone_pga_z_min``       lowest z over the model's *tracked layers* (setting ``ccr=m``)
 ``zone_<spectral>_mean`` mean of a spectral metric over the tracked layers
 ``job_failed``           1 for a job that failed (its error is in the manifest)
@@ -430,7 +430,8 @@ def gather(results: Sequence[JobResult], *, primary_ccr: int = 1) -> tuple[pd.Da
         ``failed_jobs``, ``identical_weights``, ``regimes`` (``model@revision`` → sentence),
         ``tracked_layers``.
     """
-    from .regime import regime_rows, regimes_from_table
+    from ..metrics.regime import regimes_from_table
+    from .regime import regime_rows
 
     frames = [r.frame for r in results if r.ok and r.frame is not None]
     failed = [r for r in results if not r.ok]

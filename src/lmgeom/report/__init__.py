@@ -33,7 +33,7 @@ _LAZY = {
     "describe_logit_lens": "lmgeom.report.reading",
     "describe_dispersion": "lmgeom.report.reading",
     "describe_probes": "lmgeom.report.reading",
-    "pga_findings": "lmgeom.report.reading",
+    "pga_findings": "lmgeom.metrics.regime",
 }
 
 __all__ = list(_LAZY)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..metrics.regime import parse_setting
 from .plots import save_figure
 
 
@@ -30,7 +31,7 @@ def plot_heatmap(matrix: np.ndarray, labels_a, labels_b, name_a: str, name_b: st
 def plot_bars(df, name_a: str, name_b: str, out_dir: Path, stem: str) -> list[Path]:
     from matplotlib.figure import Figure
 
-    sub = df[(df.model == name_a) & df.setting.str.startswith(f"vs={name_b};")]
+    sub = df[(df.model == name_a) & df.setting.map(lambda s: parse_setting(s).get("vs") == name_b)]
     wide = sub.pivot_table(index=["layer_index", "layer", "setting"], columns="metric", values="value",
                            aggfunc="first").reset_index().sort_values("layer_index")
     if wide.empty:
@@ -42,7 +43,7 @@ def plot_bars(df, name_a: str, name_b: str, out_dir: Path, stem: str) -> list[Pa
     ax.bar(x - w, wide["conv_full"], w, label="full space")
     ax.bar(x, wide["conv_readout"], w, label="readout spaces")
     ax.bar(x + w, wide["conv_null_mean"], w, yerr=1.96 * wide["conv_null_std"], label="random k-frames (±1.96 sd)")
-    ticks = [f"{a}~{s.split('layer_b=')[1].split(';')[0]}" for a, s in zip(wide["layer"], wide["setting"])]
+    ticks = [f"{a}~{parse_setting(s)['layer_b']}" for a, s in zip(wide["layer"], wide["setting"])]
     ax.set_xticks(x, ticks, rotation=90, fontsize=7)
     ax.set_ylabel("Spearman(D_A, D_B)")
     ax.set_title(f"{name_a} vs {name_b}, matched layers".replace("$", r"\$"), fontsize=10)

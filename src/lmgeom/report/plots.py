@@ -38,6 +38,7 @@ from matplotlib.patches import Patch
 
 from .._io import atomic_path
 from ..errors import ConfigError, DataError
+from ..metrics.regime import natural_key
 from ..results.table import COLUMNS
 
 log = logging.getLogger(__name__)
@@ -95,13 +96,6 @@ Panel = str | Sequence[str]
 def literal_text(text: str) -> str:
     """Escape ``$`` so matplotlib shows ``text`` literally instead of parsing math text."""
     return str(text).replace("$", "\\$")
-
-
-def natural_key(s: str) -> tuple[Any, ...]:
-    """Sort key that orders ``ccr=5`` before ``ccr=10`` (digits compared as numbers)."""
-    return tuple(
-        (0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", s)
-    )
 
 
 def setting_label(setting: str) -> str:

@@ -4,32 +4,34 @@ Only rows of the table are selected, compared and formatted here (maxima, signs,
 layers); nothing is estimated. Sub-layer measurement points (``layer = "30.attn_out"``) and
 model-level rows are ignored by the readings.
 
-The PGA reading follows fixed, documented rules (see :func:`pga_findings`), so two reports on
-the same table say the same thing.
+The PGA reading phrases the verdicts of :mod:`lmgeom.metrics.regime` (primary setting,
+collapse zones, restoration), the same rules the sweep's regime rows come from, so the report
+and the table say the same thing.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from ..metrics.regime import MIN_RUN, STRONG_NEGATIVE_Z, collapse_profile
+from ..metrics.regime import (
+    MIN_RUN,
+    STRONG_NEGATIVE_Z,
+    CollapseZone,
+    PgaFinding,
+    natural_key,
+    pga_findings,
+)
 from .plots import (
     SPECTRAL_METRICS,
     check_table,
     metric_label,
-    natural_key,
     run_label,
     runs_of,
     setting_label,
 )
-
-# the collapse-zone thresholds live with the rule (lmgeom.metrics.regime)
-
 
 # --------------------------------------------------------------------------- formatting
 
@@ -127,167 +129,80 @@ def _settings(rows: pd.DataFrame) -> list[str]:
     return sorted(set(rows["setting"].astype(str)), key=natural_key)
 
 
-def _ccr(setting: str) -> int | None:
-    m = re.search(r"\bccr=(\d+)", setting)
-    return int(m.group(1)) if m else None
-
-
 def _final_index(curve: pd.DataFrame) -> int:
     """layer_index of the final point: the row labelled ``final``, else the last on the axis."""
     fin = curve.loc[curve["layer"] == "final", "layer_index"]
     return int(fin.iloc[0]) if len(fin) else int(curve["layer_index"].max())
 
 
-def _primary_setting(settings: list[str]) -> str:
-    if "ccr=1" in settings:
-        return "ccr=1"
-    ccrs = [(m, s) for s in settings if (m := _ccr(s)) is not None]
-    positive = [(m, natural_key(s), s) for m, s in ccrs if m > 0]
-    if positive:
-        return min(positive)[2]
-    if ccrs:
-        return min(ccrs, key=lambda t: (t[0], natural_key(t[1])))[1]
-    return settings[0]
-
-
-def _rest(setting: str) -> str:
-    return re.sub(r"\bccr=\d+", "", setting).strip(",")
-
-
 # --------------------------------------------------------------------------- PGA
-
-
-@dataclass(frozen=True)
-class CollapseZone:
-    """A collapse zone under the primary setting and how the higher-CCR settings fare there."""
-
-    layers: tuple[str, ...]
-    min_z: float
-    min_layer: str
-    # setting -> (layers with z > 0, layers with data, lowest z there, layers still <= 0)
-    restoration: dict[str, tuple[int, int, float, tuple[str, ...]]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PgaFinding:
-    """The facts :func:`describe_pga` states about one model × revision."""
-
-    model: str
-    revision: str
-    primary: str
-    peak_layer: str
-    peak_z: float
-    peak_setting: str
-    primary_peak_layer: str
-    primary_peak_z: float
-    zones: tuple[CollapseZone, ...]
-    weak_negative: tuple[str, ...]
-    final_layer: str | None
-    final_z: float | None
-    higher: tuple[str, ...]
-    higher_min: dict[str, tuple[float, str]]
-    all_positive: bool
-
-    @property
-    def zone_layers(self) -> set[str]:
-        return {lab for z in self.zones for lab in z.layers}
-
-
-def pga_findings(df: pd.DataFrame) -> list[PgaFinding]:
-    """Apply the PGA reading rules to every model × revision with ``pga_z`` rows.
-
-    Rules:
-
-    1. Rows: metric ``pga_z`` at plain layer points (``layer_index >= 0``, no ``.point``
-       suffix), finite values, the first row per layer × setting.
-    2. Primary setting: ``ccr=1`` when present (the method's default); otherwise the smallest
-       ``ccr=m`` with ``m > 0``; otherwise ``ccr=0``; otherwise the first setting. *Higher*
-       settings are the ``ccr=m`` settings with a larger ``m`` (e.g. ``ccr=5``, ``ccr=10``) and
-       the same other settings.
-    3. The *final* layer is the row labelled ``final`` (else the last on the layer axis); all
-       others are *non-final*.
-    4. Peak: the largest z over all settings and layers (stated with layer and setting); the
-       primary peak is the largest primary-setting z over non-final layers.
-    5. Collapse zone: under the primary setting, among the non-final layers after the primary
-       peak, a maximal run of layers adjacent on the layer axis with z < 0 that has at least
-       :data:`MIN_RUN` (2) layers, or any z < :data:`STRONG_NEGATIVE_Z` (-2). Negative layers
-       after the peak that form no zone are reported as isolated weak dips.
-    6. Restoration: a higher setting restores a zone when its z is > 0 at every layer of the
-       zone; otherwise the number of restored layers of those with data is given.
-    7. Final layer: the primary z at the final layer, compared with the primary peak, and
-       (when there is a zone) whether it is back above 0.
-
-    Returns:
-        One :class:`PgaFinding` per model × revision, in order of appearance.
-    """
-    df = check_table(df)
-    rows = _base_rows(df, "pga_z")
-    out: list[PgaFinding] = []
-    for model, revision in runs_of(rows):
-        run = rows.loc[(rows["model"] == model) & (rows["revision"] == revision)]
-        settings = _settings(run)
-        curves = {s: _curve(run.loc[run["setting"] == s]) for s in settings}
-        primary = _primary_setting(settings)
-        cur = curves[primary]
-        best = max(
-            ((float(c["value"].max()), natural_key(s), s) for s, c in curves.items()),
-            key=lambda t: t[0],
-        )
-        peak_setting = best[2]
-        pc = curves[peak_setting]
-        peak_row = pc.loc[pc["value"].idxmax()]
-        fin_idx = _final_index(cur)
-        nonfinal = cur.loc[cur["layer_index"] != fin_idx]
-        final = cur.loc[cur["layer_index"] == fin_idx]
-        pm = _ccr(primary)
-        higher = sorted(
-            (s for s in settings if pm is not None and (m := _ccr(s)) is not None and m > pm
-             and _rest(s) == _rest(primary)),
-            key=natural_key,
-        )
-        # the collapse-zone rule itself is science: lmgeom.metrics.regime
-        if len(nonfinal):
-            prof = collapse_profile([*map(str, nonfinal["layer"]), *map(str, final["layer"])],
-                                    [*nonfinal["value"], *final["value"]])
-        else:
-            prof = collapse_profile([str(x) for x in cur["layer"]], list(cur["value"]))
-        zones: list[CollapseZone] = []
-        for zone in prof.zones:
-            zl = list(zone.layers)
-            resto: dict[str, tuple[int, int, float, tuple[str, ...]]] = {}
-            for s in higher:
-                hc = curves[s].set_index("layer")["value"]
-                have = [lab for lab in zl if lab in hc.index]
-                vals = [float(hc[lab]) for lab in have]
-                bad = tuple(lab for lab, v in zip(have, vals) if not v > 0)
-                resto[s] = (len(have) - len(bad), len(have),
-                            min(vals) if vals else math.nan, bad)
-            zones.append(CollapseZone(tuple(zl), zone.min_z, zone.min_layer, resto))
-        weak = list(prof.weak)
-        prow = {"layer": prof.peak_layer, "value": prof.peak_z}
-        higher_min: dict[str, tuple[float, str]] = {}
-        for s in higher:
-            hc = curves[s]
-            hn = hc.loc[hc["layer_index"] != _final_index(hc)]
-            if len(hn):
-                r = hn.loc[hn["value"].idxmin()]
-                higher_min[s] = (float(r["value"]), str(r["layer"]))
-        out.append(PgaFinding(
-            model=model, revision=revision, primary=primary,
-            peak_layer=str(peak_row["layer"]), peak_z=float(peak_row["value"]),
-            peak_setting=peak_setting,
-            primary_peak_layer=str(prow["layer"]), primary_peak_z=float(prow["value"]),
-            zones=tuple(zones), weak_negative=tuple(weak),
-            final_layer=str(final["layer"].iloc[0]) if len(final) and len(nonfinal) else None,
-            final_z=float(final["value"].iloc[0]) if len(final) and len(nonfinal) else None,
-            higher=tuple(higher), higher_min=higher_min,
-            all_positive=bool((cur["value"] > 0).all()),
-        ))
-    return out
 
 
 def _pct(a: float, b: float) -> str:
     return f"{100 * a / b:.0f} %" if b > 0 else "n/a"
+
+
+def _zone_lines(f: PgaFinding, zone: CollapseZone, P: str) -> list[str]:
+    """The sentences on one collapse zone and how the higher settings fare there."""
+    n = len(zone.layers)
+    lines = [(
+        f"Collapse zone under {P}: {layers_phrase(list(zone.layers))} "
+        f"({n} non-final layer{'s' if n > 1 else ''} "
+        f"with z < 0 after the {P} peak of {fmt_num(f.primary_peak_z)} at layer "
+        f"{f.primary_peak_layer}; lowest z = {fmt_num(zone.min_z)} at layer "
+        f"{zone.min_layer})."
+    )]
+    parts = []
+    for s, r in zone.restoration.items():
+        S = setting_label(s)
+        if r.have == 0:
+            parts.append(f"{S} has no data there")
+        elif r.complete:
+            parts.append(f"{S} restores positive z in all {r.have} layers (lowest {fmt_num(r.min_z)})")
+        elif r.restored == 0:
+            parts.append(f"{S} does not restore it (z <= 0 in all {r.have} layers with data)")
+        else:
+            parts.append(f"{S} restores positive z in {r.restored} of {r.have} layers "
+                         f"(still <= 0 at {layers_phrase(list(r.still_low))})")
+    if parts:
+        lines.append("In the collapse zone " + "; ".join(parts) + ".")
+    elif not f.higher:
+        lines.append("No higher CCR setting was run to check whether it restores "
+                     "positive z there.")
+    return lines
+
+
+def _no_zone_lines(f: PgaFinding, P: str) -> list[str]:
+    """The sentences for a run without a collapse zone."""
+    rule = (f"rule: >= {MIN_RUN} consecutive non-final layers after the peak with z < 0, "
+            f"or one with z < {fmt_num(STRONG_NEGATIVE_Z)}")
+    if f.all_positive:
+        lines = [f"No collapse zone: z is positive in every layer under {P}."]
+    elif f.weak_negative:
+        lines = [(f"No collapse zone under {P} ({rule}); isolated weak dip below 0 at "
+                  f"{layers_phrase(list(f.weak_negative))}.")]
+    else:
+        lines = [(f"No collapse zone under {P}: z stays >= 0 in every non-final layer after "
+                  f"the peak at layer {f.primary_peak_layer}.")]
+    pos = [setting_label(s) for s, (zmin, _) in f.higher_min.items() if zmin > 0]
+    if pos:
+        lines.append(f"{' and '.join(pos)} keep{'s' if len(pos) == 1 else ''} z positive "
+                     "in every non-final layer.")
+    return lines
+
+
+def _final_line(f: PgaFinding, final_z: float, P: str) -> str:
+    """The sentence on the final layer, against the primary peak (and the zone)."""
+    tail = ""
+    if f.zones:
+        tail = ("; it recovers from the collapse zone" if final_z > 0
+                else "; it stays below 0 like the collapse zone")
+    if f.primary_peak_z > 0 and final_z > 0:
+        rel = (f"{_pct(final_z, f.primary_peak_z)} of the {P} peak of "
+               f"{fmt_num(f.primary_peak_z)} at layer {f.primary_peak_layer}")
+    else:
+        rel = f"{P} peak {fmt_num(f.primary_peak_z)} at layer {f.primary_peak_layer}"
+    return f"Final layer ({f.final_layer}): z = {fmt_num(final_z)} under {P} ({rel}){tail}."
 
 
 def describe_pga(df: pd.DataFrame) -> list[str]:
@@ -295,87 +210,30 @@ def describe_pga(df: pd.DataFrame) -> list[str]:
 
     Per model: where z is highest (layer, value, setting); whether there is a collapse zone
     under the primary setting and which layers; whether the higher CCR settings restore
-    positive z there; how the final layer compares. The rules are those of
-    :func:`pga_findings`: the primary setting is ``ccr=1`` (else the smallest ``ccr>0``);
-    a collapse zone is a run of >= 2 consecutive non-final layers after the primary peak with
-    z < 0, or a single such layer with z < -2.
+    positive z there; how the final layer compares. The verdicts are those of
+    :func:`lmgeom.metrics.regime.pga_findings`: the primary setting is ``ccr=1`` (else the
+    smallest ``ccr>0``); a collapse zone is a run of >= 2 consecutive non-final layers after
+    the primary peak with z < 0, or a single such layer with z < -2.
 
     Returns:
         Sentences, the first of each model starting with the model's name; ``[]`` when the table
         has no ``pga_z`` rows.
     """
     lines: list[str] = []
-    for f in pga_findings(df):
+    for f in pga_findings(check_table(df)):
         P = setting_label(f.primary) or "the primary setting"
         lines.append(
             f"{run_label(f.model, f.revision)}: highest PGA z = {fmt_num(f.peak_z)} at layer "
             f"{f.peak_layer} ({setting_label(f.peak_setting) or 'no setting'})."
         )
-        rule = (f"rule: >= {MIN_RUN} consecutive non-final layers after the peak with z < 0, "
-                f"or one with z < {fmt_num(STRONG_NEGATIVE_Z)}")
         if f.zones:
             for zone in f.zones:
-                lines.append(
-                    f"Collapse zone under {P}: {layers_phrase(list(zone.layers))} "
-                    f"({len(zone.layers)} non-final layer{'s' if len(zone.layers) > 1 else ''} "
-                    f"with z < 0 after the {P} peak of {fmt_num(f.primary_peak_z)} at layer "
-                    f"{f.primary_peak_layer}; lowest z = {fmt_num(zone.min_z)} at layer "
-                    f"{zone.min_layer})."
-                )
-                parts = []
-                for s, (ok, have, zmin, bad) in zone.restoration.items():
-                    S = setting_label(s)
-                    if have == 0:
-                        parts.append(f"{S} has no data there")
-                    elif ok == have == len(zone.layers):
-                        parts.append(
-                            f"{S} restores positive z in all {have} layers (lowest {fmt_num(zmin)})"
-                        )
-                    elif ok == 0:
-                        parts.append(f"{S} does not restore it (z <= 0 in all {have} layers with data)")
-                    else:
-                        parts.append(
-                            f"{S} restores positive z in {ok} of {have} layers "
-                            f"(still <= 0 at {layers_phrase(list(bad))})"
-                        )
-                if parts:
-                    lines.append("In the collapse zone " + "; ".join(parts) + ".")
-                elif not f.higher:
-                    lines.append("No higher CCR setting was run to check whether it restores "
-                                 "positive z there.")
+                lines += _zone_lines(f, zone, P)
         else:
-            if f.all_positive:
-                lines.append(f"No collapse zone: z is positive in every layer under {P}.")
-            elif f.weak_negative:
-                lines.append(
-                    f"No collapse zone under {P} ({rule}); isolated weak dip below 0 at "
-                    f"{layers_phrase(list(f.weak_negative))}."
-                )
-            else:
-                lines.append(
-                    f"No collapse zone under {P}: z stays >= 0 in every non-final layer after "
-                    f"the peak at layer {f.primary_peak_layer}."
-                )
-            pos = [setting_label(s) for s, (zmin, _) in f.higher_min.items() if zmin > 0]
-            if pos:
-                lines.append(f"{' and '.join(pos)} keep{'s' if len(pos) == 1 else ''} z positive "
-                             "in every non-final layer.")
+            lines += _no_zone_lines(f, P)
         if f.final_z is not None:
-            tail = ""
-            if f.zones:
-                tail = ("; it recovers from the collapse zone" if f.final_z > 0
-                        else "; it stays below 0 like the collapse zone")
-            rel = ""
-            if f.primary_peak_z > 0 and f.final_z > 0:
-                rel = (f"{_pct(f.final_z, f.primary_peak_z)} of the {P} peak of "
-                       f"{fmt_num(f.primary_peak_z)} at layer {f.primary_peak_layer}")
-            else:
-                rel = f"{P} peak {fmt_num(f.primary_peak_z)} at layer {f.primary_peak_layer}"
-            lines.append(
-                f"Final layer ({f.final_layer}): z = {fmt_num(f.final_z)} under {P} ({rel}){tail}."
-            )
+            lines.append(_final_line(f, f.final_z, P))
     return lines
-
 
 # --------------------------------------------------------------------------- other sections
 
@@ -569,7 +427,6 @@ def describe(df: pd.DataFrame) -> dict[str, list[str]]:
 
 
 __all__ = [
-    "CollapseZone", "PgaFinding", "describe", "describe_dispersion", "describe_logit_lens",
-    "describe_pc1", "describe_pga", "describe_probes", "describe_spectral", "fmt_ci", "fmt_num",
-    "layers_phrase", "pga_findings",
+    "describe", "describe_dispersion", "describe_logit_lens", "describe_pc1", "describe_pga",
+    "describe_probes", "describe_spectral", "fmt_ci", "fmt_num", "layers_phrase",
 ]
