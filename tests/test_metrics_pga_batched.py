@@ -1,17 +1,15 @@
 """The batched null loop: ``subspace_pga_levels`` against per-level ``subspace_pga`` and the
-explicit scipy loop, the torch path against numpy, the float32 tolerance, and the packed-key
-ranks (float64-bit keys and fixed-point keys) against ``scipy.stats.rankdata`` on ties."""
+explicit scipy loop, the torch path against the CPU kernel, the float32 tolerance, and the
+CPU worker's two layouts (one Gram matrix, weighted or not; blocked distance vectors)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy.stats import rankdata, spearmanr
 from test_metrics_pga import anisotropic, reference_pga
 
 import lmgeom.metrics as M
 from lmgeom.errors import ConfigError, DataError
-from lmgeom.metrics._rank import RankReference, Sorter, spearman_to_reference
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +78,9 @@ def test_float32_levels_within_documented_tolerance(layer):
     assert all(r.precision == "float32" for r in auto.values())  # sampled + auto: float32
 
 
-def test_torch_cpu_path_matches_numpy(layer):
-    torch = pytest.importorskip("torch")
+def test_torch_cpu_path_matches_the_kernel(layer):
+    import torch
+
     X, V = layer
     for pairs in (None, 900, 3000):
         a = M.subspace_pga_levels(X, V, ccr=(0, 1, 4), n_null=8, seed=2, pairs=pairs,
@@ -131,56 +130,23 @@ def test_ccr_levels_match_ccr(layer):
                                np.ldexp(lv.coefficients @ lv.directions, lv.exponent), atol=1e-10)
 
 
-# ---------------------------------------------------------------- ranks on ties -----------
+# ------------------------------------------------------------ the CPU worker's layouts
 
 
-def _rho(a, b):
-    s = Sorter(a.size)
-    return spearman_to_reference(RankReference(a, s), b, s)
-
-
-@pytest.mark.parametrize("shift", [0.0, -0.5])  # >= 0: float64-bit keys; < 0: fixed-point keys
-def test_packed_ranks_equal_scipy_rankdata_on_ties(shift):
-    rng = np.random.default_rng(5)
-    a = np.round(rng.random(20_000), 3) + shift
-    b = np.round(a + rng.random(20_000), 2)
-    ref = RankReference(a, Sorter(a.size))
-    got = ref.centred_at(ref.posf.astype(np.int64)) + (a.size + 1) / 2
-    np.testing.assert_array_equal(got, rankdata(a))
-    assert _rho(a, b) == pytest.approx(spearmanr(a, b)[0], abs=1e-12)
-    assert _rho(b, a) == pytest.approx(spearmanr(b, a)[0], abs=1e-12)
-
-
-def test_bit_keys_order_ulp_neighbours_and_zero_exactly():
-    rng = np.random.default_rng(6)
-    base = np.array([0.0, 5e-324, 1e-300, 0.25, 1.0, 1.9999999999999998])
-    near = np.concatenate([base, np.nextafter(base, 3.0), base])  # ulp neighbours and ties
-    a = np.concatenate([near, rng.random(3000) * 2.0])
-    rng.shuffle(a)
-    b = a.copy()
-    rng.shuffle(b)
-    b[::5] = a[::5]
-    assert _rho(a, b) == pytest.approx(spearmanr(a, b)[0], abs=1e-12)
-    assert _rho(b, a) == pytest.approx(spearmanr(b, a)[0], abs=1e-12)
-    neg0 = a.copy()
-    neg0[neg0 == 0.0] = -0.0  # a signed zero takes the general (fixed-point) path
-    assert _rho(neg0, b) == pytest.approx(spearmanr(a, b)[0], abs=1e-12)
-
-
-@pytest.mark.parametrize("path", ["kernel", "torch"])
+@pytest.mark.parametrize("gram", ["syrk", "gemm"])
 @pytest.mark.parametrize("dups", [False, True, "heavy"])
-def test_int32_key_path_equals_the_packed_key_path_on_blocked_gram(dups, path, monkeypatch):
-    """n > 256: the Gram matrix is computed in row blocks (lower trapezoids); with duplicate
-    rows, of the unique rows ("heavy": 280 of 300 rows copies of 20, so the distinct Gram
-    entries are ranked with their multiplicities). The int32-key path (the compiled kernel,
-    or torch's sort) and the 63-bit packed-key path give the same nulls, and both equal the
+def test_gram_layout_equals_distance_vectors_and_the_scipy_loop(dups, gram, monkeypatch):
+    """n > 256: the Gram matrix is computed in row blocks (GEMM) or by one SYRK; with
+    duplicate rows, of the unique rows ("heavy": 280 of 300 rows copies of 20, so the distinct
+    Gram entries are ranked with their multiplicities). The Gram layout and the blocked
+    distance vectors (GRAM_BYTES = 0) give the same nulls, bit for bit, and both equal the
     explicit scipy loop."""
-    from lmgeom.metrics import _rank_kernel, pga
+    from lmgeom.metrics import _cpu_worker as cw
 
-    if path == "torch":
-        monkeypatch.setenv("LMGEOM_RANK_KERNEL", "torch")
-    _rank_kernel.kernel_available.cache_clear()
-
+    if gram == "gemm":
+        monkeypatch.setattr(cw, "_syrk_functions", lambda: None)
+    else:
+        assert cw._syrk_functions() is not None
     rng = np.random.default_rng(23)
     n, d, k = 300, 20, 4
     X = anisotropic(rng, n, d)
@@ -191,116 +157,33 @@ def test_int32_key_path_equals_the_packed_key_path_on_blocked_gram(dups, path, m
         X[250:270] = X[10:30]
         X[299] = X[0]
     V = M.readout_basis(rng.standard_normal((200, d)), k)
-    from lmgeom.metrics import _null_runner as nr
-
     calls, weighted = [], []
-    real = nr.NumpyWorker.frame_rhos
-    monkeypatch.setattr(nr.NumpyWorker, "frame_rhos",
-                        lambda self, *a, **kw: calls.append(1) or real(self, *a, **kw))
-    real_w = nr.weighted_keyed_spearman
-    monkeypatch.setattr(nr, "weighted_keyed_spearman",
-                        lambda *a: weighted.append(1) or real_w(*a))
-    keyed = M.subspace_pga_levels(X, V, ccr=(0, 1, 3), n_null=6, seed=4)
-    assert len(calls) == 6  # every null frame went through the int32-key path
-    assert len(weighted) == (18 if dups == "heavy" else 0)
-    monkeypatch.setattr(pga, "_KEYED_GRAM_BYTES", 0)
-    packed = M.subspace_pga_levels(X, V, ccr=(0, 1, 3), n_null=6, seed=4)
-    assert len(calls) == 6
-    for m in (0, 1, 3):
-        np.testing.assert_allclose(keyed[m].null, packed[m].null, rtol=0, atol=1e-13)
-        assert keyed[m].z == pytest.approx(packed[m].z, abs=1e-9)
-    z, rho, null = reference_pga(X, V, n_null=6, ccr=1, seed=4)
-    assert keyed[1].rho_readout == pytest.approx(rho, abs=1e-12)
-    np.testing.assert_allclose(keyed[1].null, null, rtol=0, atol=1e-12)
-    assert keyed[1].z == pytest.approx(z, abs=1e-9)
-    monkeypatch.delenv("LMGEOM_RANK_KERNEL", raising=False)
-    _rank_kernel.kernel_available.cache_clear()
-
-
-@pytest.fixture
-def torch_keys(monkeypatch):
-    """Keep the null loop on the torch-sort path (no compiled kernel)."""
-    from lmgeom.metrics import _rank_kernel
-
-    monkeypatch.setenv("LMGEOM_RANK_KERNEL", "torch")
-    _rank_kernel.kernel_available.cache_clear()
-    yield
-    monkeypatch.delenv("LMGEOM_RANK_KERNEL")
-    _rank_kernel.kernel_available.cache_clear()
-
-
-def test_sampled_pairs_rank_through_int32_keys_and_match_the_packed_path(monkeypatch,
-                                                                         torch_keys):
-    """Sampled mode: each null frame's distance vector is keyed (trunc(2**29 d)) in the
-    reference's order and radix-sorted; same nulls and readout rho as the 63-bit packed keys
-    (which the explicit-loop tests check against scipy)."""
-    from lmgeom.metrics import _null_runner as nr
-
-    rng = np.random.default_rng(31)
-    n, d, k = 400, 24, 5
-    X = anisotropic(rng, n, d)
-    X[390:] = X[:10]  # duplicate rows: exact ties in every frame
-    V = M.readout_basis(rng.standard_normal((100, d)), k)
-    calls = []
-    real = nr.NumpyWorker._keyed_spearman
-    monkeypatch.setattr(nr.NumpyWorker, "_keyed_spearman",
+    real, real_w = cw.CpuWorker._gram_rho, cw.SpearmanKernel.weighted
+    monkeypatch.setattr(cw.CpuWorker, "_gram_rho",
                         lambda self, *a: calls.append(1) or real(self, *a))
-    keyed = M.subspace_pga(X, V, n_null=8, ccr=1, seed=2, pairs=20_000, precision="float64")
-    assert not keyed.exact and len(calls) >= 8
-    monkeypatch.setattr(nr, "keyed_available", lambda: False)
-    packed = M.subspace_pga(X, V, n_null=8, ccr=1, seed=2, pairs=20_000, precision="float64")
-    np.testing.assert_allclose(keyed.null, packed.null, rtol=0, atol=1e-13)
-    assert keyed.rho_readout == pytest.approx(packed.rho_readout, abs=1e-13)
-    assert keyed.z == pytest.approx(packed.z, abs=1e-9)
-
-
-@pytest.mark.parametrize("gram", ["syrk", "gemm"])
-@pytest.mark.parametrize("dups", [False, True])
-@pytest.mark.parametrize("pairs", [None, 20_000])
-def test_compiled_kernel_gives_the_torch_paths_nulls(dups, pairs, gram, monkeypatch):
-    """The compiled rank kernel (default with numba) and the torch-sort path give the same
-    nulls, readout rho and z, exact and sampled, with and without duplicate rows (ties in
-    the reference and in every frame), float64, with the Gram matrix from BLAS SYRK or
-    (no ctypes SYRK) numpy GEMMs on row blocks; every frame went through the kernel."""
-    from lmgeom.metrics import _null_runner as nr
-    from lmgeom.metrics import _rank_kernel
-
-    if gram == "gemm":
-        monkeypatch.setattr(nr, "_syrk_functions", lambda: None)
-    else:
-        assert nr._syrk_functions() is not None
-
-    rng = np.random.default_rng(41)
-    n, d, k = 300, 24, 5  # n > 256: several row blocks
-    X = anisotropic(rng, n, d)
-    if dups:
-        X[280:] = X[:20]
-    V = M.readout_basis(rng.standard_normal((100, d)), k)
-    calls = []
-    real = nr.SpearmanKernel.spearman
-    monkeypatch.setattr(nr.SpearmanKernel, "spearman",
-                        lambda self, *a, **kw: calls.append(1) or real(self, *a, **kw))
-    kw = {"ccr": (0, 1, 3), "n_null": 6, "seed": 4, "pairs": pairs, "precision": "float64"}
-    fast = M.subspace_pga_levels(X, V, **kw)
-    assert len(calls) >= 6 * 3 + 3  # every level of every frame, and the readout rhos
-    monkeypatch.setenv("LMGEOM_RANK_KERNEL", "torch")
-    _rank_kernel.kernel_available.cache_clear()
-    try:
-        slow = M.subspace_pga_levels(X, V, **kw)
-    finally:
-        monkeypatch.delenv("LMGEOM_RANK_KERNEL")
-        _rank_kernel.kernel_available.cache_clear()
+    monkeypatch.setattr(cw.SpearmanKernel, "weighted",
+                        lambda self, *a: weighted.append(1) or real_w(self, *a))
+    kw = {"ccr": (0, 1, 3), "n_null": 6, "seed": 4, "precision": "float64"}
+    got = M.subspace_pga_levels(X, V, **kw)
+    assert len(calls) == 18  # every level of every frame through the Gram layout
+    assert len(weighted) == (18 if dups == "heavy" else 0)
+    monkeypatch.setattr(cw, "GRAM_BYTES", 0)
+    vec = M.subspace_pga_levels(X, V, **kw)
+    assert len(calls) == 18
     for m in (0, 1, 3):
-        np.testing.assert_allclose(fast[m].null, slow[m].null, rtol=0, atol=1e-13)
-        assert fast[m].rho_readout == pytest.approx(slow[m].rho_readout, abs=1e-13)
-        assert fast[m].z == pytest.approx(slow[m].z, abs=1e-9)
+        np.testing.assert_allclose(got[m].null, vec[m].null, rtol=0, atol=2e-16)
+        assert got[m].rho_readout == vec[m].rho_readout
+    z, rho, null = reference_pga(X, V, n_null=6, ccr=1, seed=4)
+    assert got[1].rho_readout == pytest.approx(rho, abs=1e-12)
+    np.testing.assert_allclose(got[1].null, null, rtol=0, atol=1e-12)
+    assert got[1].z == pytest.approx(z, abs=1e-9)
 
 
 def test_float32_near_duplicate_rows_stay_on_the_kernel(monkeypatch):
     """float32 unit rows of near-duplicates can have cos = 1 + 1 ulp (distance -1.2e-7): the
     kernel clamps such keys instead of declining, so every level of every frame is ranked
     by it; z stays within the float32 tolerance of the float64 result."""
-    from lmgeom.metrics import _null_runner as nr
+    from lmgeom.metrics import _cpu_worker as cw
 
     rng = np.random.default_rng(41)
     n, d, k = 300, 24, 5
@@ -308,11 +191,11 @@ def test_float32_near_duplicate_rows_stay_on_the_kernel(monkeypatch):
     X[150:] = X[:150] + 1e-5 * rng.standard_normal((150, d))
     V = M.readout_basis(rng.standard_normal((100, d)), k)
     got = []
-    real = nr.SpearmanKernel.spearman
-    monkeypatch.setattr(nr.SpearmanKernel, "spearman",
-                        lambda self, *a, **kw: got.append(real(self, *a, **kw)) or got[-1])
+    real = cw.SpearmanKernel.numerator
+    monkeypatch.setattr(cw.SpearmanKernel, "numerator",
+                        lambda self, *a: got.append(real(self, *a)) or got[-1])
     f32 = M.subspace_pga_levels(X, V, ccr=(0, 1, 3), n_null=6, seed=4, precision="float32")
-    assert len(got) >= 6 * 3 and all(isinstance(r, float) for r in got)
+    assert len(got) >= 6 * 3 and all(isinstance(r, tuple) for r in got)
     f64 = M.subspace_pga_levels(X, V, ccr=(0, 1, 3), n_null=6, seed=4, precision="float64")
     for m in (0, 1, 3):
         np.testing.assert_allclose(f32[m].null, f64[m].null, rtol=0, atol=1e-4)

@@ -103,29 +103,6 @@ def frame_cache_mb() -> float:
                      meaning="MB of memory for the PGA null-frame cache; 0 turns it off")
 
 
-#: accepted values of ``LMGEOM_SORT`` ('' = measure both once and take the faster)
-SORT_CHOICES = ("numpy", "torch", "auto")
-
-
-def sort_backend_override() -> str:
-    """``LMGEOM_SORT``: ``numpy``, ``torch``, or ``""`` (unset / ``auto``: measured)."""
-    value = env_choice("LMGEOM_SORT", SORT_CHOICES, meaning="backend of the PGA rank sort")
-    return "" if value == "auto" else value
-
-
-#: accepted values of ``LMGEOM_RANK_KERNEL``: the first three keep torch's sort
-RANK_KERNEL_OFF = ("torch", "off", "0")
-RANK_KERNEL_CHOICES = (*RANK_KERNEL_OFF, "numba", "on", "1", "auto")
-
-
-def rank_kernel_enabled() -> bool:
-    """``LMGEOM_RANK_KERNEL``: ``torch`` / ``off`` / ``0`` keep torch's sort; unset, ``auto``,
-    ``numba``, ``on`` or ``1`` use the compiled kernel where it works."""
-    value = env_choice("LMGEOM_RANK_KERNEL", RANK_KERNEL_CHOICES,
-                       meaning="torch/off/0 rank with torch's sort")
-    return value not in RANK_KERNEL_OFF
-
-
 def hold_seconds() -> float:
     """``LMGEOM_TEST_HOLD_S`` (test hook): the longest a hold waits (default 120 s)."""
     return env_float("LMGEOM_TEST_HOLD_S", 120.0, minimum=0.0, meaning="seconds")
@@ -135,6 +112,4 @@ def check_environment() -> None:
     """Parse every numeric / enumerated ``LMGEOM_*`` variable now (the CLI calls this before
     any work), so a bad value fails at once with a message naming the variable."""
     frame_cache_mb()
-    sort_backend_override()
-    rank_kernel_enabled()
     hold_seconds()

@@ -26,6 +26,7 @@ __all__ = [
     "Layout",
     "PairPlan",
     "build_layout",
+    "constant_error",
     "gram_index",
     "gram_regions",
     "make_plan",
@@ -295,6 +296,15 @@ def zero_rows_error(bad: np.ndarray, n: int, what: str, label: str | None) -> Ex
         f"<= {ZERO_RTOL:g} x the largest norm); cosine distance is undefined for them — "
         "identical texts collapse onto the mean after centring (drop duplicate texts), or "
         "a row has no component in this subspace",
+        label,
+    )
+
+
+def constant_error(what: str, label: str | None) -> Exception:
+    """The DataError for a space in which every pairwise distance is the same."""
+    return data_error(
+        f"all pairwise distances are equal {what}, so their Spearman correlation is undefined "
+        "(are the rows all identical up to scale?)",
         label,
     )
 

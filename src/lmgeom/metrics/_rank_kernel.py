@@ -1,27 +1,26 @@
-"""Compiled (numba) Spearman of a frame's pair distances against a fixed reference, in one call.
+"""The CPU ranking path: exact, tie-aware Spearman against a fixed reference, compiled (numba).
 
-The null loop ranks P = n(n-1)/2 distances per frame and level. :class:`SpearmanKernel` does
-what :func:`~lmgeom.metrics._rank.keyed_spearman` does with torch's sort and numpy passes, in a
-few compiled passes that release the GIL (so the null loop's worker threads run in parallel):
+The null loop ranks P = n(n-1)/2 distances per frame and level. :class:`SpearmanKernel` does it
+in a few compiled passes that release the GIL (so the null loop's worker threads overlap):
 
-1. **keys, streamed**: pair ``t``'s value ``x_t = c0 + c1 * src[gidx[t]]`` (``src`` the flat
-   scaled Gram matrix ``G' = -2**29 cos`` with ``c0 = 1, c1 = 2**-29``, so ``x = fl(1 - cos)``
-   exactly, read in the pairs' own order; or a distance vector with ``c0 = 0, c1 = 1``) gives
-   the int32 key ``trunc(2**29 x)`` (exact scaling: a power of two), a monotone function of
-   the float64 value, carried with the pair's reference position;
-2. **LSD radix sort** of (key, reference position): 3 passes of 11/10/10 bits, or 4 of 8 bits
-   above 2**18 keys, where the smaller scatter fans stay in cache; each pass is compiled with
-   its digit as a constant;
-3. **the numerator, exactly**: twice a centred average rank is an integer (``2 r - P - 1``),
-   so ``4 * sum_t cf_t cg_t`` is an int64 sum, bounded by ``P**3 < 2**63`` for
-   ``P <= MAX_PAIRS``; one vectorised pass takes every position as ranked, then the runs of
-   equal keys are ordered by their exact float64 values (the same values as the torch path),
-   exact ties get average ranks, and their terms are replaced.
+1. **keys, streamed**: value t is ``x_t = c0 + c1 * src[gidx[t]]`` (``src``: the flat Gram
+   matrix of the unit rows with ``c0 = 1, c1 = -1``, so ``x = fl(1 - cos)``, read in the pairs'
+   own order; or a distance vector with ``c0 = 0, c1 = 1``); its int32 key ``trunc(2**29 x)``
+   (exact scaling: a power of two) is a monotone function of the float64 value and travels
+   with a payload (the pair's reference position, or the element's own index);
+2. **LSD radix sort** of (key, payload): 3 passes of 11/10/10 bits, or 4 of 8 bits above
+   2**18 keys, where the smaller scatter fans stay in cache;
+3. **runs of equal keys** are ordered by their exact float64 values (insertion sort; a
+   merge sort for long runs) and their groups of exactly equal values (ties) recorded;
+4. **the numerator, exactly**: twice a centred average rank is an integer (``2 r - P - 1``),
+   so ``4 * sum_t cf_t cg_t`` is a sum of integers. It is summed in int64 chunks small enough
+   never to overflow and carried in a two-word accumulator (``hi * 2**32 + lo``), so any
+   P < 2**31 is exact; the tie term ``sum(c**3 - c)`` likewise.
 
-The result is independent of summation order and BLAS; it equals the torch path's to ~1e-16
-in rho (tests: ``scipy.stats.spearmanr``, the 63-bit packed keys, the torch path in the null
-loop). Values below 0 or of 4 and more are clamped to the end keys (still exact: those runs are
-ordered by their values); a NaN makes it decline (``None``), so the caller falls back.
+Weighted references (many duplicate rows: P pairs that read only U distinct Gram entries)
+sort the U entries once and weigh each by its multiplicity. The result does not depend on
+summation order or BLAS. Values below 0 or of 4 and more are clamped to the end keys (still
+exact: those runs are ordered by their values); a NaN makes the call return ``None``.
 """
 
 from __future__ import annotations
@@ -36,30 +35,19 @@ __all__ = ["MAX_PAIRS", "SpearmanKernel", "kernel_available"]
 
 log = logging.getLogger(__name__)
 
-#: the int64 numerator is exact below this many pairs (n <= 2048 rows)
-MAX_PAIRS = (1 << 21) - 1
-
-_CONSTANT = 2
+#: int32 payloads and positions: at most this many values per vector (n <= 65 536 rows exact)
+MAX_PAIRS = (1 << 31) - 1
 
 
 @lru_cache(maxsize=1)
 def kernel_available() -> bool:
-    """Whether the compiled kernel is used: numba imports and compiles it (checked once, on a
-    small known case), and ``LMGEOM_RANK_KERNEL`` is not ``torch`` (which keeps the torch-sort
-    path, e.g. to compare the two)."""
-    from .._env import rank_kernel_enabled
-
-    if not rank_kernel_enabled():
-        return False
-    try:
-        import numba  # noqa: F401
-    except ImportError:  # pragma: no cover - numba is a dependency
-        return False
+    """Whether numba imports and compiles the kernel (checked once, on a small known case).
+    When not, the caller ranks with torch's sort on the CPU instead; this logs it once."""
     try:
         ok = _self_check()
-    except Exception as exc:  # noqa: BLE001 - a broken numba/LLVM: the torch path
-        log.warning("compiled rank kernel unavailable (%s: %s); ranking with torch's sort",
-                    type(exc).__name__, exc)
+    except Exception as exc:  # noqa: BLE001 - a missing or broken numba/LLVM
+        log.warning("compiled rank kernel unavailable (%s: %s); ranking with torch's sort on "
+                    "the CPU (slower, same numbers to ~1e-15)", type(exc).__name__, exc)
         return False
     if not ok:  # pragma: no cover - would be a kernel bug
         log.warning("compiled rank kernel failed its self-check; ranking with torch's sort")
@@ -70,12 +58,10 @@ def _self_check() -> bool:
     """Spearman of (0.1, 0.3, 0.2, 0.2) against (1, 2, 3, 4) is 1 / sqrt(10): average ranks
     (1, 4, 2.5, 2.5), centred sums 1.5 / sqrt(5 * 4.5)."""
     kern = SpearmanKernel(4)
-    P = 4
-    posf = np.arange(P, dtype=np.int32)
-    S_ref = P * (P * P - 1) / 12.0
-    rho = kern.spearman(S_ref, np.array([0.1, 0.3, 0.2, 0.2]), np.arange(P), posf,
-                        np.arange(P), 0.0, 1.0, np.empty(0, np.int32), np.empty(0, np.uint8))
-    return isinstance(rho, float) and abs(rho - 1.0 / math.sqrt(10.0)) < 1e-15
+    posf = np.arange(4, dtype=np.int32)
+    got = kern.numerator(np.array([0.1, 0.3, 0.2, 0.2]), kern.iota(), posf, kern.iota(),
+                         0.0, 1.0, np.empty(0, np.int32), np.empty(0, np.uint8), 0)
+    return got == (6, 6) and abs(kern.rho(5.0, *got) - 1.0 / math.sqrt(10.0)) < 1e-15
 
 
 def _make_pass(jit, shift: int, mask: int):
@@ -94,35 +80,11 @@ def _make_pass(jit, shift: int, mask: int):
     return scatter
 
 
-@lru_cache(maxsize=1)
-def _compiled():
-    import numba as nb
+def _radix(jit):
+    """Histogram functions (3 x 11/10/10 bits, 4 x 8 bits) and the scatter passes; the digits
+    are written out with literal shifts (a loop with runtime shifts measured several times
+    slower)."""
 
-    jit = nb.njit(cache=True, nogil=True, boundscheck=False)
-
-    @jit
-    def keys_pass(src, gidx, posf, c0, c1, keys, vals):
-        # keys of the values src[gidx[t]] in the pairs' own order (streaming reads) with their
-        # reference positions as payload; False on NaN
-        # values below 0 (float32 rows: cos 1 + 1 ulp) get key 0, values of 4 or more the top
-        # key: clamping keeps the keys monotone, and those runs are ordered by exact values
-        ok = True
-        for t in range(gidx.size):
-            y = (c0 + c1 * np.float64(src[gidx[t]])) * 536870912.0
-            if y > -1.0 and y < 2147483648.0:
-                keys[t] = np.int32(y)  # truncation toward zero, as numpy's unsafe cast
-            elif y <= -1.0:
-                keys[t] = 0
-            elif y >= 2147483648.0:
-                keys[t] = 2147483647
-            else:  # NaN: no order
-                keys[t] = 0
-                ok = False
-            vals[t] = posf[t]
-        return ok
-
-    # the digit histograms of the two radix layouts, written out with literal shifts and
-    # masks: a loop over the digits with runtime shifts measured several times slower
     @jit
     def hist3(keys, hist):
         hist[:] = 0
@@ -142,59 +104,44 @@ def _compiled():
             hist[2, (k >> 16) & 255] += 1
             hist[3, (k >> 24) & 255] += 1
 
-    @jit
-    def offsets(hist):
-        for r in range(hist.shape[0]):
-            s = 0
-            for b in range(hist.shape[1]):
-                c = hist[r, b]
-                hist[r, b] = s
-                s += c
-
     passes3 = (_make_pass(jit, 0, 2047), _make_pass(jit, 11, 1023), _make_pass(jit, 21, 1023))
     passes4 = tuple(_make_pass(jit, sh, 255) for sh in (0, 8, 16, 24))
+    return hist3, hist4, passes3, passes4
+
+
+def _wide(jit):
+    """Exact integer sums past int64: ``acc[i]`` (hi) and ``acc[i + 1]`` (lo) hold
+    ``hi * 2**32 + lo``; every argument stays below 2**62 in magnitude."""
 
     @jit
-    def plain_sum(pos, cf2, tied, P, general):
-        # sum over sorted positions j of 2cf(pos_j) * (2j + 1 - P), every run taken as ranked:
-        # 2cf(v) = 2v + 1 - P, and (general) cf2[v] at the reference's tie positions (bit v
-        # of tied)
-        Pm1 = np.int64(1) - P
-        num = np.int64(0)
-        if not general:
-            for j in range(P):
-                num += (2 * np.int64(pos[j]) + Pm1) * (2 * np.int64(j) + Pm1)
-        else:
-            for j in range(P):
-                v = pos[j]
-                a = cf2[v] if (tied[v >> 3] >> (v & 7)) & 1 else 2 * np.int64(v) + Pm1
-                num += a * (2 * np.int64(j) + Pm1)
-        return num
+    def add(acc, i, x):
+        acc[i] += x >> 32
+        acc[i + 1] += x & 0xFFFFFFFF
+        if acc[i + 1] >= 0x4000000000000000:
+            acc[i] += acc[i + 1] >> 32
+            acc[i + 1] &= 0xFFFFFFFF
 
     @jit
-    def one_run(j, keys, pos, src, fo, c0, c1, cf2, tied, general, xs, ps, acc):
-        # the run of equal keys starting at j: replace its terms in plain_sum (general or
-        # not) by the exact order's (exact values src[fo[v]] of reference position v) with
-        # average ranks over exact ties; acc = [numerator correction, ties sum(c**3 - c),
-        # status, reference tie positions met]; returns the run's end
-        P = keys.size
-        plain = cf2.size == 0
-        Pm1 = np.int64(1) - P
-        e = j + 2
-        while e < P and keys[e] == keys[j]:
-            e += 1
+    def mul_add(acc, i, a, x):
+        # a * x for |a| < 2**62, |x| < 2**31: a = ah 2**31 + al, each partial product < 2**62
+        add(acc, i, (a & 0x7FFFFFFF) * x)
+        h = (a >> 31) * x  # adds h * 2**31 = (h >> 1) 2**32 + (h & 1) 2**31
+        acc[i] += h >> 1
+        add(acc, i, (h & 1) << 31)
+
+    return add, mul_add
+
+
+def _runs(jit):
+    """``finish``: order every run of equal keys by exact value and record the tie groups."""
+
+    @jit
+    def one_run(j, e, pos, src, fo, c0, c1, xs, ps):
         n = e - j
-        corr = np.int64(0)
         for t in range(n):
             v = pos[j + t]
             xs[t] = c0 + c1 * np.float64(src[fo[v]])
             ps[t] = v
-            a = 2 * np.int64(v) + Pm1
-            if not plain and (tied[v >> 3] >> (v & 7)) & 1:
-                acc[3] += 1
-                if general:
-                    a = cf2[v]
-            corr -= a * (2 * np.int64(j + t) + Pm1)
         if n <= 32:  # insertion sort (runs are short: 2-3 keys typically)
             for t in range(1, n):
                 x = xs[t]
@@ -208,37 +155,16 @@ def _compiled():
                 ps[u + 1] = v
         else:
             o = np.argsort(xs[:n], kind="mergesort")
-            xo = xs[:n][o]
-            po = ps[:n][o]
-            xs[:n] = xo
-            ps[:n] = po
-        t = 0
-        while t < n:
-            g = t + 1
-            while g < n and xs[g] == xs[t]:
-                g += 1
-            c = g - t
-            if c == P:
-                acc[2] = 2  # _CONSTANT
-                return P
-            f = np.int64(j + t)
-            s = np.int64(0)
-            for q in range(t, g):
-                v = np.int64(ps[q])
-                s += (2 * v + Pm1) if plain else cf2[v]
-            corr += s * (2 * f + c - P)
-            if c > 1:
-                cc = np.int64(c)
-                acc[1] += cc * cc * cc - cc
-            t = g
-        acc[0] += corr
-        return e
+            xs[:n] = xs[:n][o]
+            ps[:n] = ps[:n][o]
+        for t in range(n):
+            pos[j + t] = ps[t]
 
     @jit
-    def fix_runs(keys, pos, src, fo, c0, c1, cf2, tied, general, xs, ps, acc):
-        # every run of equal keys (one_run); acc as there, zeroed first
+    def finish(keys, pos, src, fo, c0, c1, xs, ps, gfirst, gcount):
+        # returns the number of tie groups (first sorted position, size >= 2), -1 if constant
         P = keys.size
-        acc[:] = 0
+        ng = 0
         done = 0  # elements before this are finished
         for b0 in range(0, P - 1, 64):
             b1 = min(b0 + 64, P - 1)
@@ -248,101 +174,265 @@ def _compiled():
             if hits == 0:
                 continue
             for j in range(b0, b1):
-                if j >= done and keys[j + 1] == keys[j]:
-                    done = one_run(j, keys, pos, src, fo, c0, c1, cf2, tied, general, xs,
-                                   ps, acc)
-                    if acc[2] != 0:
-                        return
+                if j < done or keys[j + 1] != keys[j]:
+                    continue
+                e = j + 2
+                while e < P and keys[e] == keys[j]:
+                    e += 1
+                one_run(j, e, pos, src, fo, c0, c1, xs, ps)
+                t = 0
+                while t < e - j:
+                    g = t + 1
+                    while g < e - j and xs[g] == xs[t]:
+                        g += 1
+                    if g - t == P:
+                        return -1
+                    if g - t > 1:
+                        gfirst[ng] = j + t
+                        gcount[ng] = g - t
+                        ng += 1
+                    t = g
+                done = e
+        return ng
 
-    return keys_pass, hist3, hist4, offsets, passes3, passes4, plain_sum, fix_runs
+    return finish
+
+
+def _sums(jit, add, mul_add):
+    """The numerators: plain/general (one reference position per element) and weighted."""
+
+    @jit
+    def is_tied(v, cf2, tied):  # position v lies in one of the reference's tie groups
+        return cf2.size > 0 and (tied[v >> 3] >> (v & 7)) & 1 == 1
+
+    @jit
+    def centred2(v, cf2, tied, P):  # twice the reference's centred rank at position v
+        if is_tied(v, cf2, tied):
+            return np.int64(cf2[v])
+        return 2 * np.int64(v) + 1 - P
+
+    @jit
+    def numerator(pos, cf2, tied, general, gfirst, gcount, ng, acc):
+        # acc[0:2] += 4 sum cf cg, acc[2:4] += sum(c**3 - c); general: the reference's tie
+        # ranks everywhere, else only inside the frame's tie groups (valid when every tied
+        # reference position lies in one); returns the tied positions met in the groups
+        P = pos.size
+        Pm1 = np.int64(1) - P
+        step = max(1, (1 << 62) // (P * P))  # terms <= P**2: chunk sums stay below 2**62
+        for c0 in range(0, P, step):
+            s = np.int64(0)
+            if general:
+                for j in range(c0, min(P, c0 + step)):
+                    s += centred2(pos[j], cf2, tied, P) * (2 * np.int64(j) + Pm1)
+            else:
+                for j in range(c0, min(P, c0 + step)):
+                    s += (2 * np.int64(pos[j]) + Pm1) * (2 * np.int64(j) + Pm1)
+            add(acc, 0, s)
+        met = 0
+        for g in range(ng):
+            f = np.int64(gfirst[g])
+            c = np.int64(gcount[g])
+            S = np.int64(0)
+            for q in range(c):
+                v = pos[f + q]
+                a = 2 * np.int64(v) + Pm1
+                if is_tied(v, cf2, tied):
+                    met += 1
+                    S += cf2[v]
+                    if general:
+                        a = np.int64(cf2[v])
+                else:
+                    S += a
+                add(acc, 0, -a * (2 * (f + q) + Pm1))
+            mul_add(acc, 0, S, 2 * f + c - P)
+            mul_add(acc, 2, c * c - 1, c)
+        return met
+
+    @jit
+    def weighted(pos, w, a2, P, gfirst, gcount, ng, acc):
+        # entries in the frame's order with multiplicities w and w * (twice the reference's
+        # centred rank) a2: acc as numerator's, over the P pairs
+        U = pos.size
+        below = np.int64(0)
+        g = 0
+        j = 0
+        while j < U:
+            c = 1
+            if g < ng and gfirst[g] == j:
+                c = gcount[g]
+                g += 1
+            W = np.int64(0)
+            S = np.int64(0)
+            for q in range(j, j + c):
+                W += w[pos[q]]
+                S += a2[pos[q]]
+            j += c
+            mul_add(acc, 0, S, 2 * below + W - P)
+            if W > 1:
+                mul_add(acc, 2, W * W - 1, W)
+            below += W
+
+    return numerator, weighted
+
+
+@lru_cache(maxsize=1)
+def _compiled():
+    import numba as nb
+
+    jit = nb.njit(cache=True, nogil=True, boundscheck=False)
+
+    @jit
+    def keys_pass(src, gidx, payload, c0, c1, keys, vals):
+        # keys of the values c0 + c1 src[gidx[t]] in order t (streaming reads) with their
+        # payloads; values below 0 (float32 rows: cos 1 + 1 ulp) get key 0, of 4 or more the
+        # top key (monotone; those runs are ordered by exact values); False on NaN
+        ok = True
+        for t in range(gidx.size):
+            y = (c0 + c1 * np.float64(src[gidx[t]])) * 536870912.0
+            if y > -1.0 and y < 2147483648.0:
+                keys[t] = np.int32(y)  # truncation toward zero, as numpy's unsafe cast
+            elif y <= -1.0:
+                keys[t] = 0
+            elif y >= 2147483648.0:
+                keys[t] = 2147483647
+            else:  # NaN: no order
+                keys[t] = 0
+                ok = False
+            vals[t] = payload[t]
+        return ok
+
+    @jit
+    def offsets(hist):
+        for r in range(hist.shape[0]):
+            s = 0
+            for b in range(hist.shape[1]):
+                c = hist[r, b]
+                hist[r, b] = s
+                s += c
+
+    add, mul_add = _wide(jit)
+    numerator, weighted = _sums(jit, add, mul_add)
+    return (keys_pass, offsets, *_radix(jit), _runs(jit), numerator, weighted)
 
 
 class SpearmanKernel:
-    """Buffers of one worker thread for :meth:`spearman` on vectors of P pairs."""
+    """Buffers of one worker thread for ranking vectors of P values (2 <= P <= MAX_PAIRS)."""
 
     def __init__(self, P: int) -> None:
         if not 2 <= P <= MAX_PAIRS:
-            raise ValueError(f"SpearmanKernel handles 2..{MAX_PAIRS} pairs, got {P}")
-        self.P = int(P)
-        #: 3 passes (11/10/10 bits) while the scatter targets stay in cache, else 4 x 8 bits
-        self.four = P > (1 << 18)
+            raise ValueError(f"SpearmanKernel handles 2..{MAX_PAIRS} values, got {P}")
+        self.P = P = int(P)
+        self.four = P > (1 << 18)  # 3 passes (11/10/10 bits) while the fans stay in cache
         self.hist = np.zeros((4, 256) if self.four else (3, 2048), dtype=np.int64)
-        self.kA = np.empty(P, dtype=np.int32)
-        self.kB = np.empty(P, dtype=np.int32)
-        self.vA = np.empty(P, dtype=np.int32)
-        self.vB = np.empty(P, dtype=np.int32)
+        self.k = (np.empty(P, dtype=np.int32), np.empty(P, dtype=np.int32))
+        self.v = (np.empty(P, dtype=np.int32), np.empty(P, dtype=np.int32))
         self.xs = np.empty(P, dtype=np.float64)  # one run at a time (at most P)
         self.ps = np.empty(P, dtype=np.int32)
-        self.out = np.zeros(4, dtype=np.int64)
+        self.gfirst = np.empty(P // 2 + 1, dtype=np.int32)
+        self.gcount = np.empty(P // 2 + 1, dtype=np.int32)
+        self.acc = np.zeros(4, dtype=np.int64)
+        self._iota: np.ndarray | None = None
 
     def iota(self) -> np.ndarray:
-        """``arange(P)`` as int64 (the identity ``gidx``), computed once."""
-        io = getattr(self, "_iota", None)
-        if io is None:
-            io = self._iota = np.arange(self.P, dtype=np.int64)
-        return io
+        """``arange(P)`` as int32 (the identity ``gidx`` / payload), computed once."""
+        if self._iota is None:
+            self._iota = np.arange(self.P, dtype=np.int32)
+        return self._iota
 
-    def numerator(self, src: np.ndarray, gidx: np.ndarray, posf: np.ndarray,
-                  fo: np.ndarray, c0: float, c1: float, cf2: np.ndarray,
-                  tied: np.ndarray, n_tied: int | None = None) -> tuple[int, int] | str | None:
-        """``(4 * sum cf cg, sum(c**3 - c))`` of the frame whose value at pair ``t`` is
-        ``c0 + c1 * src[gidx[t]]``.
-
-        Args:
-            src: flat float array the values are read from.
-            gidx: (P,) int64, where pair t's value lies in ``src`` (streamed in this order).
-            posf: (P,) int32, pair t's position in the reference's sorted order.
-            fo: (P,) int64 ``gidx[order]``: where the value at reference position v lies
-                (read only inside runs of equal keys).
-            cf2: (P,) int32, twice the reference's centred average ranks by position (empty:
-                no ties, ``2 v + 1 - P``).
-            tied: uint8 bitmap (``np.packbits(..., bitorder="little")``, P bits: it stays in L1)
-                of the positions inside the reference's tie groups, where ``cf2`` differs from
-                ``2 v + 1 - P``; ignored when ``cf2`` is empty.
-            n_tied: the number of set bits of ``tied`` (counted when not given).
-
-        Returns:
-            ``None`` when a value is NaN (the caller takes the general path), ``"constant"``
-            when the values are all equal. Values below 0 or of 4 and more share the lowest /
-            highest key and are ordered exactly like any run.
-        """
-        keys_pass, hist3, hist4, offsets, passes3, passes4, plain_sum, fix_runs = _compiled()
-        kA, kB, vA, vB, hist = self.kA, self.kB, self.vA, self.vB, self.hist
-        if not keys_pass(src, gidx, posf, c0, c1, kA, vA):
+    def sort(self, src: np.ndarray, gidx: np.ndarray, payload: np.ndarray, fo: np.ndarray,
+             c0: float, c1: float) -> tuple[np.ndarray, int] | None:
+        """The payloads in ascending order of the values ``c0 + c1 * src[gidx[t]]`` (exact:
+        runs of equal keys ordered by the values ``c0 + c1 * src[fo[payload]]``), and the
+        number of tie groups (``gfirst[:ng]``, ``gcount[:ng]``; -1: all values are equal).
+        None when a value is NaN. The order is a view of an internal buffer."""
+        keys_pass, offsets, hist3, hist4, passes3, passes4, finish, _, _ = _compiled()
+        (kA, kB), (vA, vB) = self.k, self.v
+        if not keys_pass(src, gidx, payload, c0, c1, kA, vA):
             return None
-        (hist4 if self.four else hist3)(kA, hist)
-        offsets(hist)
+        (hist4 if self.four else hist3)(kA, self.hist)
+        offsets(self.hist)
         bufs = ((kA, vA), (kB, vB))
         for r, scatter in enumerate(passes4 if self.four else passes3):
             (ki, vi), (ko, vo) = bufs[r % 2], bufs[1 - r % 2]
-            scatter(ki, vi, ko, vo, hist, r)
-        keys, pos = bufs[len(hist) % 2]
-        # first as if the reference had no ties: its tie groups (duplicate rows) are runs of
-        # exact ties in every frame too, so fix_runs finishes them; if any tie position lies
-        # outside the frame's runs, everything again with the tie-aware terms
-        if not cf2.size:
-            n_tied = 0
-        elif n_tied is None:
-            n_tied = int(np.unpackbits(tied).sum())
-        for general in (False, True):
-            num = int(plain_sum(pos, cf2, tied, self.P, general))
-            fix_runs(keys, pos, src, fo, c0, c1, cf2, tied, general, self.xs, self.ps,
-                     self.out)
-            if self.out[2] == _CONSTANT:
-                return "constant"
-            if general or int(self.out[3]) == n_tied:
-                break
-        return num + int(self.out[0]), int(self.out[1])
+            scatter(ki, vi, ko, vo, self.hist, r)
+        keys, pos = bufs[len(self.hist) % 2]
+        ng = finish(keys, pos, src, fo, c0, c1, self.xs, self.ps, self.gfirst, self.gcount)
+        return pos, int(ng)
 
-    def spearman(self, S_ref: float, src: np.ndarray, gidx: np.ndarray, posf: np.ndarray,
-                 fo: np.ndarray, c0: float, c1: float, cf2: np.ndarray,
-                 tied: np.ndarray, n_tied: int | None = None) -> float | str | None:
-        """Spearman rho against a reference with sum of squared centred ranks ``S_ref``;
-        ``None`` / ``"constant"`` as :meth:`numerator`."""
-        got = self.numerator(src, gidx, posf, fo, c0, c1, cf2, tied, n_tied)
-        if got is None or isinstance(got, str):
-            return got
-        num, ties = got
-        P = self.P
+    def _result(self) -> tuple[int, int]:
+        a = self.acc.tolist()
+        return (a[0] << 32) + a[1], (a[2] << 32) + a[3]
+
+    def numerator(self, src: np.ndarray, gidx: np.ndarray, posf: np.ndarray, fo: np.ndarray,
+                  c0: float, c1: float, cf2: np.ndarray, tied: np.ndarray,
+                  n_tied: int) -> tuple[int, int] | str | None:
+        """``(4 * sum cf cg, sum(c**3 - c))`` (exact integers) of the frame whose value at
+        pair t is ``c0 + c1 * src[gidx[t]]``.
+
+        Args:
+            src: flat float array the values are read from.
+            gidx: (P,) int, where pair t's value lies in ``src`` (streamed in this order).
+            posf: (P,) int32, pair t's position in the reference's sorted order.
+            fo: (P,) int ``gidx[order]``: where the value at reference position v lies (read
+                only inside runs of equal keys).
+            cf2: (P,) int32, twice the reference's centred average ranks by position (empty:
+                no ties, ``2 v + 1 - P``).
+            tied: uint8 bitmap (``np.packbits(..., bitorder="little")``) of the positions
+                inside the reference's tie groups, where ``cf2`` differs from ``2 v + 1 - P``.
+            n_tied: the number of set bits of ``tied``.
+
+        Returns:
+            ``None`` when a value is NaN, ``"constant"`` when the values are all equal.
+        """
+        got = self.sort(src, gidx, posf, fo, c0, c1)
+        if got is None:
+            return None
+        pos, ng = got
+        if ng < 0:
+            return "constant"
+        numerator = _compiled()[7]
+        # first as if the reference had no ties: its tie groups (duplicate rows) are tie
+        # groups in every frame too; if a tied reference position lies outside them, again
+        # with the reference's tie ranks everywhere
+        for general in (False, True):
+            self.acc[:] = 0
+            met = numerator(pos, cf2, tied, general, self.gfirst, self.gcount, ng, self.acc)
+            if general or met == n_tied:
+                return self._result()
+        raise AssertionError  # pragma: no cover
+
+    def weighted(self, src: np.ndarray, fo: np.ndarray, w: np.ndarray, a2: np.ndarray, P: int,
+                 c0: float, c1: float) -> tuple[int, int] | str | None:
+        """As :meth:`numerator` over P pairs that read only the ``self.P`` entries
+        ``src[fo[u]]``, entry u ``w[u]`` times; ``a2[u]``: ``w[u]`` times twice the
+        reference's centred average rank of entry u (all int64)."""
+        io = self.iota()
+        got = self.sort(src, fo, io, fo, c0, c1)
+        if got is None:
+            return None
+        pos, ng = got
+        if ng < 0:
+            return "constant"
+        self.acc[:] = 0
+        _compiled()[8](pos, w, a2, P, self.gfirst, self.gcount, ng, self.acc)
+        return self._result()
+
+    def rho(self, S_ref: float, num: int, ties: int, P: int | None = None) -> float:
+        """Spearman rho from :meth:`numerator`'s integers against a reference with sum of
+        squared centred ranks ``S_ref`` (P defaults to the kernel's length)."""
+        P = self.P if P is None else P
         S = (P * (P * P - 1) - ties) / 12.0  # exact integers: no cancellation with big ties
         return (num / 4.0) / math.sqrt(S_ref * S)
+
+    def order(self, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The exact ascending order of ``d`` (int64) and its tie groups ``(first, count)``
+        in sorted coordinates; None on NaN. Raises ValueError when ``d`` is constant."""
+        io = self.iota()
+        got = self.sort(d, io, io, io, 0.0, 1.0)
+        if got is None:
+            return None
+        pos, ng = got
+        if ng < 0:
+            raise ValueError("all values are equal")
+        return (pos.astype(np.int64), self.gfirst[:ng].astype(np.int64),
+                self.gcount[:ng].astype(np.int64))

@@ -6,12 +6,15 @@ null ``rho_b = Spearman(d_full, d_Q)`` for frames Q uniform on the Grassmannian;
 ``z = (rho_readout - mean rho_b) / std rho_b`` (ddof = 1).
 
 How it is fast (and still exact): the full-space distances are ranked once; every frame's
-distances come from a blocked Gram matrix of the row-normalised projection (no ``pdist``);
-ranking uses one ``numpy.sort`` of packed keys per frame with exact tie handling
-(:mod:`lmgeom.metrics._rank`); frames run on two worker threads. Memory is bounded by blocking
-the Gram matrices over rows (~32 MB per block) and holding per worker one pair-distance vector
-and one key vector: about ``8 P (2 + 2 workers)`` bytes for P pairs (N = 10 000 exact:
-P = 5e7, ~2.4 GB with 2 workers; ``pairs=200_000``: ~10 MB whatever N).
+cosines come from one Gram matrix of the row-normalised projection (no ``pdist``), ranked
+against the reference by the compiled kernel of :mod:`lmgeom.metrics._rank_kernel` (int32
+keys, a radix sort, runs of equal keys finished with the exact float64 distances, the
+numerator summed exactly in integers); frames run on two worker threads
+(:mod:`lmgeom.metrics._null_runner`; on a torch device, ``torch.sort``). Memory: per worker
+one Gram matrix (up to 256 MB; larger exact layouts use blocked pair-distance vectors) and
+the kernel's buffers, about ``30 P`` bytes for P pairs (N = 10 000 exact: P = 5e7, ~3 GB with
+2 workers; ``pairs=200_000``: ~10 MB whatever N). At most 2**31 - 1 pairs (exact mode up to
+N = 65 536 rows); above that, sample pairs.
 """
 
 from __future__ import annotations
@@ -32,17 +35,15 @@ from lmgeom.metrics._common import (
     data_error,
     pow2_normalise,
 )
-from lmgeom.metrics._null_runner import make_runner
+from lmgeom.metrics._null_runner import NullSpec, make_runner
 from lmgeom.metrics._pairs import (
     ZERO_RTOL,
     build_layout,
-    gram_index,
     make_plan,
     unique_rows,
     unit_rows,
     zero_rows_error,
 )
-from lmgeom.metrics._rank import keyed_available, weighted_reference
 from lmgeom.metrics.geometry import (
     RANK_RTOL,
     CCRLevels,
@@ -431,11 +432,6 @@ def _subspace_pga(X: Any, basis: Any, n_null: int, ccr: int, pairs: int | None, 
 #: _BATCH_ELEMS elements of projected rows per batch.
 _BATCH_FRAMES = 10
 _BATCH_ELEMS = 1 << 21
-#: Largest per-worker set of per-level distance vectors for the shared-Gram path.
-_LEVEL_BUFFER_BYTES = 512 << 20
-#: Largest per-worker Gram buffers (1 float64 + 1 int32 square matrix) for the int32-key
-#: path; larger exact layouts use the 63-bit key path.
-_KEYED_GRAM_BYTES = 384 << 20
 
 
 @dataclass
@@ -556,65 +552,13 @@ def _null_loop(runner: Any, states: list[_Level], lv: CCRLevels, layout: Any, fd
     Xtop = top.prep.Xu if fdt is np.float64 else top.prep.Xu.astype(fdt)
     B = max(1, min(_BATCH_FRAMES, _BATCH_ELEMS // max(1, n_u * k)))
     w0 = runner.main
-    be = w0.backend(Xtop, T, Ptop)
-    ms = [st.m for st in states]
-    scales = [st.prep.scale for st in states]
-    # one Gram matrix per frame for all levels: exact pairs, no duplicate rows, buffers of
-    # one distance vector per level and worker within _LEVEL_BUFFER_BYTES
-    shared_gram = (len(states) > 1
-                   and (layout.kind == "tri"
-                        or (layout.kind == "tri_dup" and layout.pair_map is not None))
-                   and 8 * layout.n_pairs * len(states) <= _LEVEL_BUFFER_BYTES)
-
-    # the int32-key path (NumpyWorker.frame_rhos): exact layouts reading one square Gram
-    # matrix, ranked by the compiled kernel (else torch's radix sort), with one float64 Gram
-    # matrix + an int32 key matrix per worker within _KEYED_GRAM_BYTES
-    gidx = gram_index(layout) if hasattr(w0, "frame_rhos") else None
-    n_g = layout.n_unique if layout.pair_map is not None else layout.n
-    keyed = (gidx is not None and keyed_available()
-             and 12 * n_g * n_g <= _KEYED_GRAM_BYTES)
-    if keyed:
-        # many duplicate rows (e.g. layer 0: the state is the token's embedding): rank the
-        # distinct Gram entries with their multiplicities instead of every pair
-        wrefs = ([weighted_reference(st.ref, gidx) for st in states]
-                 if layout.pair_map is not None else [None] * len(states))
-        if any(wr is None for wr in wrefs):
-            wrefs = [None] * len(states)
-        refs = [wr or st.ref for wr, st in zip(wrefs, states)]
-        fos = [gidx[st.ref.order] if wr is None else wr.gram for wr, st in zip(wrefs, states)]
+    spec = NullSpec(be=w0.backend(Xtop, T, Ptop), k=k, ms=[st.m for st in states], mt=mt,
+                    fdt=fdt, layout=layout, scales=[st.prep.scale for st in states])
+    refs = w0.null_refs([st.ref for st in states], layout)
 
     def job(worker: Any, chunk: list[np.ndarray]) -> list[list[float]]:
-        Yc, PQ = worker.project_batch(be, chunk)
-        if keyed:
-            return [worker.frame_rhos(be, Yc, PQ, b, k, ms, mt, layout, scales, refs, fos,
-                                      "in a null frame", gidx)
-                    for b in range(len(chunk))]
-        if hasattr(worker, "spearman_many"):  # torch: one batched sort per level
-            cols = []
-            for st in states:
-                D = worker.torch.stack([
-                    worker.distances(layout, worker.level_rows(
-                        be, Yc, PQ, b, k, st.m, mt, fdt, scale=st.prep.scale,
-                        what="in a null frame"))
-                    for b in range(len(chunk))])
-                cols.append(worker.spearman_many(st.ref, D, "in a null frame"))
-            return [list(r) for r in zip(*cols)]
-        out = []
-        for b in range(len(chunk)):
-            if shared_gram:
-                ds = worker.frame_levels(be, Yc, PQ, b, k, ms, mt, layout, scales,
-                                         "in a null frame")
-                out.append([worker.spearman(st.ref, dv, "in a null frame")
-                            for st, dv in zip(states, ds)])
-                continue
-            row = []
-            for st in states:
-                Y = worker.level_rows(be, Yc, PQ, b, k, st.m, mt, fdt, scale=st.prep.scale,
-                                      what="in a null frame")
-                row.append(worker.spearman(st.ref, worker.distances(layout, Y),
-                                           "in a null frame"))
-            out.append(row)
-        return out
+        Yc, PQ = worker.project_batch(spec.be, chunk)
+        return worker.null_rhos(spec, refs, Yc, PQ, len(chunk))
 
     frames = cached_frames(d, k, n_null, seed)
 
