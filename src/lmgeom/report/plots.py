@@ -27,6 +27,7 @@ import math
 import os
 import re
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +241,155 @@ def build_layer_figure(
         return _build(df, metrics, title, logy, zero_line, bands, dashed, ylabels)
 
 
+def _colours(rows: pd.DataFrame, panels: list[tuple[str, ...]],
+             dashed: Collection[str]) -> list[dict[tuple[str, str, str], str]]:
+    """Colour per (metric, setting, point) of each panel, consistent across model columns; a
+    dashed metric (a baseline) takes the colour of the solid series of its setting."""
+    colours: list[dict[tuple[str, str, str], str]] = []
+    for panel in panels:
+        keys = rows.loc[rows["metric"].isin(panel), ["metric", "setting", "point"]].drop_duplicates()
+        solid = sorted(
+            {(m, s, p) for m, s, p in keys.itertuples(index=False) if m not in dashed},
+            key=lambda k: (panel.index(k[0]), natural_key(k[1]), natural_key(k[2])),
+        )
+        cmap = {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(solid)}
+        for m, s, p in keys.itertuples(index=False):
+            if m in dashed:
+                twin = next((c for (m2, s2, p2), c in cmap.items() if s2 == s and p2 == p), None)
+                cmap[(m, s, p)] = twin or "#444444"
+        colours.append(cmap)
+    return colours
+
+
+def _draw_series(ax: Any, s: pd.DataFrame, colour: str, label: str, *, log_panel: bool,
+                 dashed: bool, point: str) -> bool:
+    """One series' line and its CI (band from 8 points, error bars below); False when empty."""
+    x = s["layer_index"].to_numpy(dtype=float)
+    y = s["value"].to_numpy(dtype=float)
+    lo = s["ci_low"].to_numpy(dtype=float)
+    hi = s["ci_high"].to_numpy(dtype=float)
+    if log_panel:
+        ok = y > 0
+        x, y, lo, hi = x[ok], y[ok], lo[ok], hi[ok]
+    if not len(x):
+        return False
+    style: dict[str, Any] = {"color": colour, "lw": 1.5, "label": label}
+    if dashed:
+        style.update(ls="--", lw=1.2)
+    elif len(x) <= 40:
+        style.update(marker="o", ms=3)
+    if point:
+        style["ls"] = ":"
+    ax.plot(x, y, **style)
+    ci = np.isfinite(lo) & np.isfinite(hi)
+    if log_panel:
+        ci &= (lo > 0) & (hi > 0)
+    if ci.any():
+        if len(x) >= 8:
+            ax.fill_between(x[ci], lo[ci], hi[ci], color=colour, alpha=0.18, lw=0)
+        else:
+            ax.errorbar(
+                x[ci], y[ci],
+                yerr=np.vstack([y[ci] - lo[ci], hi[ci] - y[ci]]).clip(min=0),
+                fmt="none", ecolor=colour, elinewidth=1, capsize=2.5,
+            )
+    return True
+
+
+def _draw_band(ax: Any, run_rows: pd.DataFrame, setting: str, point: str,
+               low_high: tuple[str, str], colour: str) -> bool:
+    """The null band (two metrics: low and high edge) of one series; False when none."""
+    low_m, high_m = low_high
+    b = run_rows.loc[(run_rows["setting"] == setting) & (run_rows["point"] == point)]
+    blo = _one_per_layer(b.loc[b["metric"] == low_m], low_m)
+    bhi = _one_per_layer(b.loc[b["metric"] == high_m], high_m)
+    both = blo[["layer_index", "value"]].merge(
+        bhi[["layer_index", "value"]], on="layer_index", suffixes=("_lo", "_hi")
+    )
+    if not len(both):
+        return False
+    ax.fill_between(
+        both["layer_index"].to_numpy(float),
+        both["value_lo"].to_numpy(float),
+        both["value_hi"].to_numpy(float),
+        color=colour, alpha=0.10, lw=0,
+    )
+    return True
+
+
+@dataclass(frozen=True)
+class _Style:
+    """The per-figure choices of :func:`_build` a panel needs."""
+
+    logy: bool | Collection[str]
+    zero_line: bool | Collection[str]
+    bands: Mapping[str, tuple[str, str]]
+    dashed: Collection[str]
+    ylabels: Mapping[str, str]
+
+
+def _draw_panel(ax: Any, panel: tuple[str, ...], run_rows: pd.DataFrame, run_ml: pd.DataFrame,
+                cmap: dict[tuple[str, str, str], str], st: _Style, model: str) -> tuple[bool, bool]:
+    """Every series of one panel of one run: (drew anything, drew a null band)."""
+    log_panel = _selector(st.logy, panel)
+    multi = len(panel) > 1
+    drew = band_labelled = False
+    for metric in panel:
+        mrows = run_rows.loc[run_rows["metric"] == metric]
+        keys = sorted(
+            {(s, p) for s, p in mrows[["setting", "point"]].itertuples(index=False)},
+            key=lambda k: (natural_key(k[0]), natural_key(k[1])),
+        )
+        for setting, point in keys:
+            s = mrows.loc[(mrows["setting"] == setting) & (mrows["point"] == point)]
+            s = _one_per_layer(s, f"{model} {metric} {setting}")
+            colour = cmap[(metric, setting, point)]
+            if not _draw_series(ax, s, colour, _series_label(metric, setting, point, multi),
+                                log_panel=log_panel, dashed=metric in st.dashed, point=point):
+                continue
+            drew = True
+            if metric in st.bands and _draw_band(ax, run_rows, setting, point,
+                                                 st.bands[metric], colour):
+                band_labelled = True
+        if metric in st.dashed and mrows.empty:
+            for (setting,), g in run_ml.loc[run_ml["metric"] == metric].groupby(["setting"]):
+                colour = cmap.get((metric, setting, ""), "#444444")
+                ax.axhline(
+                    float(g["value"].iloc[0]), color=colour, ls="--", lw=1.2,
+                    label=_series_label(metric, str(setting), "", multi),
+                )
+    return drew, band_labelled
+
+
+def _finish_panel(ax: Any, panel: tuple[str, ...], st: _Style, *, drew: bool, band_labelled: bool,
+                  title: str | None, ticks: tuple[list[int], list[str]], last: bool) -> None:
+    """Zero line, scale, labels, legend and ticks of one panel."""
+    if _selector(st.zero_line, panel):
+        ax.axhline(0.0, color="black", lw=0.8, zorder=1)
+    if _selector(st.logy, panel):
+        ax.set_yscale("log")
+    ax.set_ylabel(literal_text(st.ylabels.get(panel[0], " / ".join(metric_label(m) for m in panel))))
+    if title is not None:
+        ax.set_title(literal_text(title), loc="left")
+    if not drew:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes,
+                color="#888888")
+    handles, labels = ax.get_legend_handles_labels()
+    if band_labelled:
+        handles.append(Patch(color="#888888", alpha=0.3, lw=0))
+        labels.append("null central 95 %")
+    if handles:
+        ax.legend(handles, labels, loc="best", ncols=2 if len(handles) > 4 else 1,
+                  framealpha=0.85)
+    pos, lab = ticks
+    if pos:
+        ax.set_xticks(pos, [literal_text(t) for t in lab])
+    if last:
+        ax.set_xlabel("layer")
+    else:
+        ax.tick_params(labelbottom=False)
+
+
 def _build(
     df: pd.DataFrame,
     metrics: Sequence[Panel],
@@ -252,12 +402,11 @@ def _build(
 ) -> Figure | None:
     df = check_table(df)
     panels = _as_panels(metrics)
-    bands = dict(bands or {})
-    ylabels = dict(ylabels or {})
     all_metrics = {m for p in panels for m in p}
     if dashed is None:
         dashed = {m for m in all_metrics if m.endswith("_baseline")}
-    band_metrics = {m for lo_hi in bands.values() for m in lo_hi}
+    st = _Style(logy, zero_line, dict(bands or {}), dashed, dict(ylabels or {}))
+    band_metrics = {m for lo_hi in st.bands.values() for m in lo_hi}
     rows = layer_rows(df, all_metrics | band_metrics)
     model_level = df.loc[
         (df["layer_index"] < 0) & df["metric"].isin(list(dashed)) & np.isfinite(df["value"])
@@ -274,124 +423,22 @@ def _build(
     height = nblocks * sum(heights) + 0.6
     fig = Figure(figsize=(width, height), layout="constrained")
     gs = fig.add_gridspec(nblocks * len(panels), ncols, height_ratios=heights * nblocks)
-
-    # colour per (metric, setting, point), consistent across model columns
-    colours: list[dict[tuple[str, str, str], str]] = []
-    for panel in panels:
-        keys = rows.loc[rows["metric"].isin(panel), ["metric", "setting", "point"]].drop_duplicates()
-        solid = sorted(
-            {(m, s, p) for m, s, p in keys.itertuples(index=False) if m not in dashed},
-            key=lambda k: (panel.index(k[0]), natural_key(k[1]), natural_key(k[2])),
-        )
-        cmap = {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(solid)}
-        for m, s, p in keys.itertuples(index=False):
-            if m in dashed:
-                twin = next((c for (m2, s2, p2), c in cmap.items() if s2 == s and p2 == p), None)
-                cmap[(m, s, p)] = twin or "#444444"
-        colours.append(cmap)
-
+    colours = _colours(rows, panels, dashed)
     for ri, (model, revision) in enumerate(runs):
         block, col = divmod(ri, ncols)
         run_rows = rows.loc[(rows["model"] == model) & (rows["revision"] == revision)]
         run_ml = model_level.loc[
             (model_level["model"] == model) & (model_level["revision"] == revision)
         ]
-        pos, lab = _ticks(run_rows)
+        ticks = _ticks(run_rows)
         first_ax = None
         for pi, panel in enumerate(panels):
             ax = fig.add_subplot(gs[block * len(panels) + pi, col], sharex=first_ax)
             first_ax = first_ax or ax
-            log_panel = _selector(logy, panel)
-            multi = len(panel) > 1
-            drew = False
-            band_labelled = False
-            for metric in panel:
-                mrows = run_rows.loc[run_rows["metric"] == metric]
-                keys = sorted(
-                    {(s, p) for s, p in mrows[["setting", "point"]].itertuples(index=False)},
-                    key=lambda k: (natural_key(k[0]), natural_key(k[1])),
-                )
-                for setting, point in keys:
-                    s = mrows.loc[(mrows["setting"] == setting) & (mrows["point"] == point)]
-                    s = _one_per_layer(s, f"{model} {metric} {setting}")
-                    x = s["layer_index"].to_numpy(dtype=float)
-                    y = s["value"].to_numpy(dtype=float)
-                    lo = s["ci_low"].to_numpy(dtype=float)
-                    hi = s["ci_high"].to_numpy(dtype=float)
-                    if log_panel:
-                        ok = y > 0
-                        x, y, lo, hi = x[ok], y[ok], lo[ok], hi[ok]
-                    if not len(x):
-                        continue
-                    colour = colours[pi][(metric, setting, point)]
-                    label = _series_label(metric, setting, point, multi)
-                    style: dict[str, Any] = {"color": colour, "lw": 1.5, "label": label}
-                    if metric in dashed:
-                        style.update(ls="--", lw=1.2)
-                    elif len(x) <= 40:
-                        style.update(marker="o", ms=3)
-                    if point:
-                        style["ls"] = ":"
-                    ax.plot(x, y, **style)
-                    drew = True
-                    ci = np.isfinite(lo) & np.isfinite(hi)
-                    if log_panel:
-                        ci &= (lo > 0) & (hi > 0)
-                    if ci.any():
-                        if len(x) >= 8:
-                            ax.fill_between(x[ci], lo[ci], hi[ci], color=colour, alpha=0.18, lw=0)
-                        else:
-                            ax.errorbar(
-                                x[ci], y[ci],
-                                yerr=np.vstack([y[ci] - lo[ci], hi[ci] - y[ci]]).clip(min=0),
-                                fmt="none", ecolor=colour, elinewidth=1, capsize=2.5,
-                            )
-                    if metric in bands:
-                        low_m, high_m = bands[metric]
-                        b = run_rows.loc[(run_rows["setting"] == setting) & (run_rows["point"] == point)]
-                        blo = _one_per_layer(b.loc[b["metric"] == low_m], low_m)
-                        bhi = _one_per_layer(b.loc[b["metric"] == high_m], high_m)
-                        both = blo[["layer_index", "value"]].merge(
-                            bhi[["layer_index", "value"]], on="layer_index", suffixes=("_lo", "_hi")
-                        )
-                        if len(both):
-                            ax.fill_between(
-                                both["layer_index"].to_numpy(float),
-                                both["value_lo"].to_numpy(float),
-                                both["value_hi"].to_numpy(float),
-                                color=colour, alpha=0.10, lw=0,
-                            )
-                            band_labelled = True
-                if metric in dashed and mrows.empty:
-                    for (setting,), g in run_ml.loc[run_ml["metric"] == metric].groupby(["setting"]):
-                        colour = colours[pi].get((metric, setting, ""), "#444444")
-                        ax.axhline(
-                            float(g["value"].iloc[0]), color=colour, ls="--", lw=1.2,
-                            label=_series_label(metric, str(setting), "", multi),
-                        )
-            if _selector(zero_line, panel):
-                ax.axhline(0.0, color="black", lw=0.8, zorder=1)
-            if log_panel:
-                ax.set_yscale("log")
-            ax.set_ylabel(literal_text(ylabels.get(panel[0], " / ".join(metric_label(m) for m in panel))))
-            if pi == 0:
-                ax.set_title(literal_text(run_label(model, revision)), loc="left")
-            if not drew:
-                ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes,
-                        color="#888888")
-            handles, labels = ax.get_legend_handles_labels()
-            if band_labelled:
-                handles.append(Patch(color="#888888", alpha=0.3, lw=0))
-                labels.append("null central 95 %")
-            if handles:
-                ax.legend(handles, labels, loc="best", ncols=2 if len(handles) > 4 else 1,
-                          framealpha=0.85)
-            if pos:
-                ax.set_xticks(pos, [literal_text(t) for t in lab])
-            if pi == len(panels) - 1:
-                ax.set_xlabel("layer")
-            else:
-                ax.tick_params(labelbottom=False)
+            drew, band_labelled = _draw_panel(ax, panel, run_rows, run_ml, colours[pi], st, model)
+            _finish_panel(ax, panel, st, drew=drew, band_labelled=band_labelled,
+                          title=run_label(model, revision) if pi == 0 else None, ticks=ticks,
+                          last=pi == len(panels) - 1)
     fig.suptitle(literal_text(title), fontsize=10.5)
     return fig
 
