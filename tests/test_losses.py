@@ -7,8 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 from lmgeom.errors import ConfigError, DataError
 from lmgeom.metrics import dispersion, dispersion_between

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from scipy.spatial.distance import cdist, pdist
 
 import lmgeom.metrics as M
@@ -74,7 +75,6 @@ def test_dispersion_gap_on_constructed_case():
 
 
 def test_dispersion_gap_accepts_torch_weights():
-    torch = pytest.importorskip("torch")
     rng = np.random.default_rng(5)
     W = rng.standard_normal((30, 5))
     a = M.dispersion_gap(torch.tensor(W, dtype=torch.float32), [1, 2, 3], [4, 5])
@@ -83,7 +83,6 @@ def test_dispersion_gap_accepts_torch_weights():
 
 
 def test_torch_in_torch_out_and_differentiable():
-    torch = pytest.importorskip("torch")
     rng = np.random.default_rng(6)
     H = rng.standard_normal((40, 12))
     t = torch.tensor(H, requires_grad=True)
@@ -119,7 +118,6 @@ def test_dispersion_errors():
     N[1, 1] = np.nan
     with pytest.raises(DataError, match="1 NaN"):
         M.dispersion(N)
-    torch = pytest.importorskip("torch")
     with pytest.raises(DataError, match="zero norm"):
         M.dispersion(torch.tensor(Z))
     with pytest.raises(DataError, match="1 NaN"):

@@ -8,8 +8,7 @@ import random
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 from lmgeom.cli import main
 from lmgeom.errors import ConfigError
@@ -162,8 +161,8 @@ def test_lora_compare_cross_domain(tiny_dir, corpora, tmp_path):
     html = (out / "report.html").read_text()
     assert "Perplexity and dispersion over training steps" in html
     # --merge-lora: a plain model folder with the adapter folded in (reproduces the final ppl)
-    from lmgeom.models import load_model
     from lmgeom.experiments.finetune import FinetuneConfig, evaluate, prepare_data
+    from lmgeom.models import load_model
 
     merged = load_model(out / "arms" / "push-away" / "merged", device="cpu")
     cfg = FinetuneConfig(model="x", texts=(corpora["prose"], corpora["code"]), batch_size=4,
