@@ -472,16 +472,13 @@ def delta_rows(cfg: FinetuneConfig, label: str, results: dict[str, ArmResult]) -
     return out
 
 
-def _parse_setting(setting: str) -> dict[str, str]:
-    return dict(part.split("=", 1) for part in setting.split(";") if "=" in part)
-
-
 def tidy(rows: Sequence[dict[str, Any]]):
     """The results table with plain ``arm``, ``step`` and ``eval`` columns added."""
+    from ..metrics.regime import parse_setting
     from ..results.table import frame
 
     df = frame(rows)
-    parsed = [_parse_setting(s) for s in df["setting"]]
+    parsed = [parse_setting(s) for s in df["setting"]]
     df["arm"] = df["revision"]
     df["step"] = np.array([int(p.get("step", -1)) for p in parsed], dtype=np.int64)
     df["eval"] = [p.get("eval", "") for p in parsed]
