@@ -274,8 +274,6 @@ ENV_CASES = [
     ("LMGEOM_FRAME_CACHE_MB", "abc"),
     ("LMGEOM_FRAME_CACHE_MB", "-5"),
     ("LMGEOM_FRAME_CACHE_MB", "nan"),
-    ("LMGEOM_SORT", "quicksort"),
-    ("LMGEOM_RANK_KERNEL", "maybe"),
     ("LMGEOM_TEST_HOLD_S", "soon"),
 ]
 
@@ -301,8 +299,6 @@ def test_env_helpers_raise_config_error_naming_the_variable(monkeypatch):
         _env.env_int("LMGEOM_X_TEST", 3)
     monkeypatch.setenv("LMGEOM_X_TEST", "")
     assert _env.env_int("LMGEOM_X_TEST", 3) == 3
-    monkeypatch.setenv("LMGEOM_SORT", "TORCH")
-    assert _env.sort_backend_override() == "torch"
 
 
 # ------------------------------------------------------------------ optional packages

@@ -6,7 +6,7 @@ Each sub-command lives in ``lmgeom.commands.<name>`` and defines ``NAME``, ``HEL
 Every error ends in ONE stderr line ``lmgeom CMD: error: ...`` that names the input and the fix:
 
 * a bad option value (``--n 0``, ``--seed -1``, ``--dtype x``): argparse, exit 2;
-* anything :func:`~lmgeom.commands.options.validate_args` finds before the command starts
+* anything :func:`~lmgeom.commands.checks.validate_args` finds before the command starts
   (``LMGEOM_*`` variables, ``--device`` / ``--metrics-device``, ``--revision`` on a model that
   is not on the hub, a missing optional package), and every user mistake the library finds
   (:class:`~lmgeom.errors.LmgeomError`): exit 2;
@@ -27,10 +27,12 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from . import __version__
-from .errors import LmgeomError
+from .commands.checks import validate_args
+from .commands.options import HelpFormatter, apply_model_args
+from .errors import LmgeomError, LowSampleWarning
 
 # Order is the order shown in --help.
 COMMANDS: tuple[str, ...] = (
@@ -54,12 +56,9 @@ COMMANDS: tuple[str, ...] = (
 
 
 def _load(name: str):
-    try:
-        return importlib.import_module(f"lmgeom.commands.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"lmgeom.commands.{name}":
-            return None
-        raise
+    """The module of command ``name``; a command listed in :data:`COMMANDS` without its module
+    is a broken install, and fails loudly (``ModuleNotFoundError``), never silently."""
+    return importlib.import_module(f"lmgeom.commands.{name}")
 
 
 class _UsageExit(SystemExit):
@@ -87,7 +86,10 @@ def _usage_error(prog: str, message: str):
     raise _UsageExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``commands``, only those sub-commands get their options
+    (the others just their one-line help), so ``lmgeom CMD ...`` and ``lmgeom --help`` never
+    build, or import, what the other commands need."""
     parser = _Parser(
         prog="lmgeom",
         description=(
@@ -102,22 +104,35 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         mod = _load(name)
-        if mod is None:
-            continue
         p = sub.add_parser(
             mod.NAME,
             help=mod.HELP,
             description=getattr(mod, "DESCRIPTION", mod.HELP),
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            formatter_class=HelpFormatter,
         )
+        if commands is not None and mod.NAME not in commands:
+            continue
         mod.add_arguments(p)
         repeatable = tuple(a.dest for a in p._actions if isinstance(a, argparse._AppendAction))
         p.set_defaults(_run=mod.run, _list_options=repeatable)
     return parser
 
 
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The sub-command an argument list names: its first word that is not an option (the
+    top-level options take no value), when it is a command; else ``None``."""
+    for word in argv:
+        if word == "--":
+            return None
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = _command_of(argv)
+    parser = build_parser([command] if command else [])
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # named after the sub-command they were given to, not "lmgeom"
@@ -133,8 +148,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = logging.getLogger(__name__)
     prog = _prog(args)
     try:
-        from .commands.options import apply_model_args, validate_args
-
         apply_model_args(args)
         validate_args(args)  # before any work: environment, devices, optional packages
         with warnings.catch_warnings():
@@ -178,8 +191,6 @@ def _warning_format(prog: str):
     """``warnings.formatwarning`` for a CLI run: lmgeom's own warnings (a number computed from
     too little data, :class:`~lmgeom.errors.LowSampleWarning`) as one line
     ``lmgeom CMD: warning: ...``; every other warning as Python formats it."""
-    from .errors import LowSampleWarning
-
     original = warnings.formatwarning
 
     def fmt(message, category, filename, lineno, line=None):

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
+from ..models.bundled import DEFAULT_MODEL
 from .options import (
     add_engine_args,
     add_extract_args,
     add_model_args,
+    add_options,
     add_run_args,
     add_texts_args,
+    arg,
+    default_out,
+    engine_from_args,
     int_range,
+    model_options_from_args,
+    options_from_args,
     positive_int,
+    run_and_report,
+    text_options_from_args,
 )
 
 NAME = "analyze"
@@ -26,17 +36,50 @@ DESCRIPTION = (
 )
 
 
-def add_pga_args(p: argparse.ArgumentParser, *, ccr: str = "0,1,5,10") -> None:
-    g = p.add_argument_group("PGA")
-    g.add_argument("--k", type=positive_int, default=100, help="readout subspace dimension")
-    g.add_argument("--n-null", type=int_range(2), default=100, help="random subspaces in the null")
-    g.add_argument("--ccr", default=ccr, help="CCR levels: principal components removed (comma list)")
-    g.add_argument("--pairs", default="auto",
-                   help="'exact' (all pairs), an integer (one seeded sample of that many pairs), or "
-                        "'auto' (exact up to 1000 texts, else 250000 sampled pairs)")
-    g.add_argument("--readout", default="raw", choices=["raw", "effective"],
-                   help="readout basis from W_U (raw) or W_U·diag(final-norm gain) (effective)")
-    g.add_argument("--metrics-device", default=None, help="device for the PGA computation (e.g. cuda)")
+@dataclass(frozen=True)
+class PGAArgs:
+    """The Subspace PGA options (``analyze``, ``pga``, ``probe``; ``sweep`` with its own ``--k``).
+
+    Attributes:
+        k: readout subspace dimension.
+        n_null: random subspaces in the null.
+        ccr: CCR levels: principal components removed (comma list).
+        pairs: 'exact' (all pairs), an integer (one seeded sample of that many pairs), or
+            'auto' (exact up to 1000 texts, else 250000 sampled pairs).
+        readout: readout basis from W_U (raw) or W_U·diag(final-norm gain) (effective).
+        metrics_device: device for the PGA computation (e.g. cuda).
+    """
+
+    k: int = field(default=100, metadata=arg(type=positive_int))
+    n_null: int = field(default=100, metadata=arg(type=int_range(2)))
+    ccr: str = "0,1,5,10"
+    pairs: str = "auto"
+    readout: str = field(default="raw", metadata=arg(choices=("raw", "effective")))
+    metrics_device: str | None = None
+
+
+@dataclass(frozen=True)
+class AnalyzeArgs:
+    """What ``analyze`` adds to the layer sweep.
+
+    Attributes:
+        no_logit_lens: skip the logit lens.
+        no_probes: skip the per-layer linear probes (run by default when the texts have labels).
+        folds: CV folds of the linear probes.
+        log_samples: also write samples.parquet: one row per text (id, label, n_tokens,
+            truncated, NLL, perplexity, per-layer norm and readout share).
+    """
+
+    no_logit_lens: bool = False
+    no_probes: bool = False
+    folds: int = field(default=5, metadata=arg(type=int_range(2)))
+    log_samples: bool = False
+
+
+def add_pga_args(p: argparse.ArgumentParser, *, ccr: str = "0,1,5,10", **kw):
+    """The :class:`PGAArgs` group (``kw``: :func:`~lmgeom.commands.options.add_options`'s)."""
+    return add_options(p, PGAArgs, title="PGA", defaults={"ccr": ccr, **kw.pop("defaults", {})},
+                       **kw)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,38 +87,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_texts_args(p)
     add_extract_args(p)
     add_pga_args(p)
-    p.add_argument("--no-logit-lens", action="store_true", help="skip the logit lens")
-    p.add_argument("--no-probes", action="store_true",
-                   help="skip the per-layer linear probes (run by default when the texts have labels)")
-    p.add_argument("--folds", type=int_range(2), default=5, help="CV folds of the linear probes")
-    p.add_argument("--log-samples", action="store_true",
-                   help="also write samples.parquet: one row per text (id, label, n_tokens, "
-                        "truncated, NLL, perplexity, per-layer norm and readout share)")
+    add_options(p, AnalyzeArgs)
     add_run_args(p, out=None)
     add_engine_args(p)
 
 
 def layer_config_from_args(args, *, logit_lens: bool = True, k: int | None = None):
-    """The :class:`~lmgeom.experiments.layer_sweep.LayerSweepConfig` of the PGA/extraction options."""
+    """The :class:`~lmgeom.experiments.layer_sweep.LayerSweepConfig` of the PGA / extraction /
+    run options (``--metrics-device`` is its ``device``; ``--ccr``, ``--pairs`` parsed)."""
     from ..experiments.layer_sweep import LayerSweepConfig, parse_ccr, parse_pairs
 
-    return LayerSweepConfig(
-        k=args.k if k is None else k, n_null=args.n_null, ccr=parse_ccr(args.ccr),
-        pairs=parse_pairs(args.pairs), readout=args.readout, pooling=args.pooling,
-        layers=args.layers, max_length=args.max_length, batch_size=args.batch_size,
-        seed=args.seed, logit_lens=logit_lens, device=args.metrics_device)
+    return options_from_args(
+        args, LayerSweepConfig, k=args.k if k is None else k, ccr=parse_ccr(args.ccr),
+        pairs=parse_pairs(args.pairs), logit_lens=logit_lens, device=args.metrics_device)
 
 
 def run(args) -> int:
     from ..experiments.analyze import AnalyzeConfig
-    from ..models.bundled import DEFAULT_MODEL
-    from .options import (
-        default_out,
-        engine_from_args,
-        model_options_from_args,
-        run_and_report,
-        text_options_from_args,
-    )
 
     models = tuple(args.model or [DEFAULT_MODEL])
     config = AnalyzeConfig(
@@ -86,7 +114,3 @@ def run(args) -> int:
     args.out = args.out or default_out("analyze", models)
     run_and_report(config, args)
     return 0
-
-
-#: the old name of :func:`layer_config_from_args`
-sweep_config_from_args = layer_config_from_args

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
+from ..models.bundled import DEFAULT_MODEL
 from .options import (
     add_model_args,
+    add_options,
     add_run_args,
     add_texts_args,
+    arg,
     default_out,
     int_range,
     model_options_from_args,
+    options_from_args,
     positive_int,
     progress_from_args,
     text_options_from_args,
@@ -32,34 +37,48 @@ DESCRIPTION = (
 )
 
 
+@dataclass(frozen=True)
+class ClustersArgs:
+    """The cluster options (defaults: :class:`~lmgeom.experiments.clusters.ClusterConfig`'s).
+
+    Attributes:
+        ngram: length of the shared continuation.
+        window: context tokens kept before it.
+        min_context: context tokens needed before it.
+        max_clusters: seeded sample of clusters.
+        max_members: seeded sample of contexts per cluster.
+        layers: all | blocks | final | 0,5,10 | 3-7.
+        batch_size: contexts per forward pass.
+        n_boot: bootstrap replicates.
+        no_cache: do not read or write the cache.
+    """
+
+    ngram: int = field(default=10, metadata=arg(type=positive_int))
+    window: int = field(default=64, metadata=arg(type=positive_int))
+    min_context: int = field(default=8, metadata=arg(type=positive_int))
+    max_clusters: int = field(default=500, metadata=arg(type=positive_int))
+    max_members: int = field(default=16, metadata=arg(type=int_range(2)))
+    layers: str = "all"
+    batch_size: int = field(default=16, metadata=arg(type=positive_int))
+    n_boot: int = field(default=1000, metadata=arg(type=int_range(2)))
+    no_cache: bool = False
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p, multiple=True)
     add_texts_args(p, default="builtin:code", n=None)
-    g = p.add_argument_group("clusters")
-    g.add_argument("--ngram", type=positive_int, default=10, help="length of the shared continuation")
-    g.add_argument("--window", type=positive_int, default=64, help="context tokens kept before it")
-    g.add_argument("--min-context", type=positive_int, default=8, help="context tokens needed before it")
-    g.add_argument("--max-clusters", type=positive_int, default=500, help="seeded sample of clusters")
-    g.add_argument("--max-members", type=int_range(2), default=16, help="seeded sample of contexts per cluster")
-    g.add_argument("--layers", default="all", help="all | blocks | final | 0,5,10 | 3-7")
-    g.add_argument("--batch-size", type=positive_int, default=16, help="contexts per forward pass")
-    g.add_argument("--n-boot", type=int_range(2), default=1000, help="bootstrap replicates")
-    g.add_argument("--no-cache", action="store_true", help="do not read or write the cache")
+    add_options(p, ClustersArgs, title="clusters")
     add_run_args(p, out=None)
 
 
 def run(args) -> int:
     from ..experiments.base import run_experiment
     from ..experiments.clusters import ClusterConfig, ClustersExperiment
-    from ..models.bundled import DEFAULT_MODEL
 
     models = tuple(args.model or [DEFAULT_MODEL])
-    config = ClusterConfig(ngram=args.ngram, window=args.window, min_context=args.min_context,
-                           max_clusters=args.max_clusters, max_members=args.max_members,
-                           layers=args.layers, batch_size=args.batch_size, n_boot=args.n_boot,
-                           seed=args.seed)
     experiment = ClustersExperiment(models=models, texts=text_options_from_args(args),
-                                    model=model_options_from_args(args), clusters=config,
+                                    model=model_options_from_args(args),
+                                    clusters=options_from_args(args, ClusterConfig),
                                     cache=not args.no_cache)
     args.out = args.out or default_out("clusters", models)
     run = run_experiment(experiment, args.out, overwrite=args.overwrite,

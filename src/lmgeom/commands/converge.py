@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
 from .options import (
     add_extract_args,
     add_model_args,
+    add_options,
     add_run_args,
     add_texts_args,
+    arg,
     default_out,
     int_range,
+    model_options_from_args,
     nonneg_int,
+    options_from_args,
     positive_int,
+    run_and_report,
+    text_options_from_args,
 )
 
 NAME = "converge"
@@ -27,32 +34,44 @@ DESCRIPTION = (
 )
 
 
+@dataclass(frozen=True)
+class ConvergeArgs:
+    """The convergence options.
+
+    Attributes:
+        k: readout subspace dimension (per model).
+        n_null: random-frame draws.
+        ccr: CCR level applied to each model's states.
+        pairs: 'exact' or an integer number of sampled pairs.
+        layer_map: 'depth' (nearest relative depth, plus final~final), 'all', or explicit
+            10:6,20:12.
+        no_heatmap: skip the all-layer-pairs heatmap.
+    """
+
+    k: int = field(default=100, metadata=arg(type=positive_int))
+    n_null: int = field(default=100, metadata=arg(type=int_range(2)))
+    ccr: int = field(default=1, metadata=arg(type=nonneg_int))
+    pairs: str = "exact"
+    layer_map: str = "depth"
+    no_heatmap: bool = False
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p, multiple=True)
     add_texts_args(p)
     add_extract_args(p)
-    g = p.add_argument_group("convergence")
-    g.add_argument("--k", type=positive_int, default=100, help="readout subspace dimension (per model)")
-    g.add_argument("--n-null", type=int_range(2), default=100, help="random-frame draws")
-    g.add_argument("--ccr", type=nonneg_int, default=1, help="CCR level applied to each model's states")
-    g.add_argument("--pairs", default="exact", help="'exact' or an integer number of sampled pairs")
-    g.add_argument("--layer-map", default="depth",
-                   help="'depth' (nearest relative depth, plus final~final), 'all', or explicit 10:6,20:12")
-    g.add_argument("--no-heatmap", action="store_true", help="skip the all-layer-pairs heatmap")
+    add_options(p, ConvergeArgs, title="convergence")
     add_run_args(p, out=None)
 
 
 def run(args) -> int:
     from ..experiments.convergence import ConvergeConfig, ConvergeExperiment
-    from .options import model_options_from_args, run_and_report, text_options_from_args
-
-    models = tuple(args.model or ["smollm2-135m", "gemma3-270m"])
     from ..experiments.layer_sweep import parse_pairs
 
+    models = tuple(args.model or ["smollm2-135m", "gemma3-270m"])
     pairs = parse_pairs(args.pairs)
-    pairs = None if pairs in ("exact", "auto") else pairs
-    config = ConvergeConfig(k=args.k, n_null=args.n_null, ccr=args.ccr, pairs=pairs, seed=args.seed,
-                            layer_map=args.layer_map, heatmap=not args.no_heatmap)
+    config = options_from_args(args, ConvergeConfig, heatmap=not args.no_heatmap,
+                               pairs=None if pairs in ("exact", "auto") else pairs)
     experiment = ConvergeExperiment(
         models=models, texts=text_options_from_args(args), model=model_options_from_args(args),
         config=config, layers=args.layers, pooling=args.pooling, max_length=args.max_length,

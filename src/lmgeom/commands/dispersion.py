@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
-from ..experiments.dispersion import DEFAULT_GROUP_SIZE, DEFAULT_MAX_GROUPS
-from ..texts.chunks import DEFAULT_CHUNK_LEN
+from ..models.bundled import DEFAULT_MODEL
 from .options import (
     add_model_args,
+    add_options,
     add_run_args,
     add_texts_args,
+    arg,
     default_out,
     int_range,
     model_options_from_args,
     nonneg_int,
+    options_from_args,
     path_arg,
     positive_int,
     progress_from_args,
@@ -29,8 +32,8 @@ DESCRIPTION = (
     "every requested layer, the token-level dispersion 1 - mean pairwise cosine of its token "
     "states. Then per layer the Spearman and Pearson correlations of dispersion with perplexity, "
     "over chunks (level=chunk) and over perplexity-sorted groups of --group-size chunks "
-    "(level=group; the released code uses 100 on thousands of chunks; default "
-    f"{DEFAULT_GROUP_SIZE} suits a few hundred), with seeded bootstrap 95 % intervals. Writes "
+    "(level=group; the released code uses 100 on thousands of chunks; the default suits a "
+    "few hundred), with seeded bootstrap 95 % intervals. Writes "
     "dispersion.parquet/.csv (tidy; setting = 'texts=SPEC;level=chunk' or "
     "'texts=SPEC;level=group;g=G'), chunks.parquet (per-chunk values), manifest.json, plots and "
     "report.html. --model and --texts repeat: every model x corpus in one call. Per-batch results "
@@ -38,48 +41,68 @@ DESCRIPTION = (
 )
 
 
+@dataclass(frozen=True)
+class DispersionArgs:
+    """The dispersion options (defaults: :class:`~lmgeom.experiments.dispersion.DispersionConfig`'s).
+
+    Attributes:
+        chunk_len: tokens per chunk.
+        layers: all | blocks | final | 0,5,10 | 3-7 | 12.attn_out (comma-separated).
+        max_chunks: keep a seeded sample of at most this many chunks per corpus (0: all).
+        group_size: chunks per perplexity-sorted group for level=group.
+        max_groups: at most this many groups, spread evenly in perplexity.
+        n_boot: bootstrap replicates per interval.
+        bos: BOS before each chunk: auto = when the tokenizer prepends one.
+        batch_size: chunks per forward pass.
+        position_chunk: positions per readout matmul (default: 64 MiB of float32 logits).
+        no_cache: do not read or write the chunk cache.
+        attach: also add the results to an `lmgeom analyze` run folder and regenerate its
+            report.html with a dispersion section.
+    """
+
+    chunk_len: int = field(default=512, metadata=arg(type=int_range(2)))
+    layers: str = "all"
+    max_chunks: int = field(default=256, metadata=arg(type=nonneg_int))
+    group_size: int = field(default=10, metadata=arg(type=int_range(2)))
+    max_groups: int = field(default=100, metadata=arg(type=positive_int))
+    n_boot: int = field(default=1000, metadata=arg(type=int_range(10)))
+    bos: str = field(default="auto", metadata=arg(choices=("auto", "on", "off")))
+    batch_size: int = field(default=4, metadata=arg(type=positive_int))
+    position_chunk: int | None = field(default=None, metadata=arg(type=positive_int))
+    no_cache: bool = False
+    attach: str | None = field(default=None, metadata=arg(type=path_arg, metavar="RUN_DIR"))
+
+
+@dataclass(frozen=True)
+class SamplesArgs:
+    """Per-item output.
+
+    Attributes:
+        log_samples: also write samples.parquet: one row per chunk (id, start, n_tokens, NLL,
+            perplexity, dispersion per layer).
+    """
+
+    log_samples: bool = False
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p, multiple=True)
     add_texts_args(p, default="builtin:wiki", n=None, multiple=True)
-    g = p.add_argument_group("dispersion")
-    g.add_argument("--chunk-len", type=int_range(2), default=DEFAULT_CHUNK_LEN, help="tokens per chunk")
-    g.add_argument("--layers", default="all",
-                   help="all | blocks | final | 0,5,10 | 3-7 | 12.attn_out (comma-separated)")
-    g.add_argument("--max-chunks", type=nonneg_int, default=256,
-                   help="keep a seeded sample of at most this many chunks per corpus (0: all)")
-    g.add_argument("--group-size", type=int_range(2), default=DEFAULT_GROUP_SIZE,
-                   help="chunks per perplexity-sorted group for level=group")
-    g.add_argument("--max-groups", type=positive_int, default=DEFAULT_MAX_GROUPS,
-                   help="at most this many groups, spread evenly in perplexity")
-    g.add_argument("--n-boot", type=int_range(10), default=1000, help="bootstrap replicates per interval")
-    g.add_argument("--bos", default="auto", choices=["auto", "on", "off"],
-                   help="BOS before each chunk: auto = when the tokenizer prepends one")
-    g.add_argument("--batch-size", type=positive_int, default=4, help="chunks per forward pass")
-    g.add_argument("--position-chunk", type=positive_int, default=None,
-                   help="positions per readout matmul (default: 64 MiB of float32 logits)")
-    g.add_argument("--no-cache", action="store_true", help="do not read or write the chunk cache")
-    g.add_argument("--attach", default=None, type=path_arg, metavar="RUN_DIR",
-                   help="also add the results to an `lmgeom analyze` run folder and regenerate "
-                        "its report.html with a dispersion section")
-    p.add_argument("--log-samples", action="store_true",
-                   help="also write samples.parquet: one row per chunk (id, start, n_tokens, NLL, perplexity, dispersion per layer)")
+    add_options(p, DispersionArgs, title="dispersion")
+    add_options(p, SamplesArgs)
     add_run_args(p, out=None)
 
 
 def config_from_args(args):
+    """The :class:`~lmgeom.experiments.dispersion.DispersionConfig` of the options."""
     from ..experiments.dispersion import DispersionConfig
 
-    return DispersionConfig(chunk_len=args.chunk_len, layers=args.layers,
-                            max_chunks=args.max_chunks or None, group_size=args.group_size,
-                            max_groups=args.max_groups, n_boot=args.n_boot, seed=args.seed,
-                            bos=args.bos, batch_size=args.batch_size,
-                            position_chunk=args.position_chunk)
+    return options_from_args(args, DispersionConfig, max_chunks=args.max_chunks or None)
 
 
 def run(args) -> int:
     from ..experiments.base import run_experiment
     from ..experiments.dispersion import DispersionExperiment, attach_to_run, check_attach
-    from ..models.bundled import DEFAULT_MODEL
 
     if args.attach:
         check_attach(args.attach)  # before any work

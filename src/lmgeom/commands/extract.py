@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
 from .options import (
     add_engine_args,
     add_extract_args,
     add_model_args,
+    add_options,
     add_texts_args,
+    arg,
+    engine_from_args,
     load_texts_from_args,
+    model_options_from_args,
     path_arg,
     positive_int,
     print_table,
@@ -27,24 +32,37 @@ DESCRIPTION = (
 )
 
 
+@dataclass(frozen=True)
+class OutputArgs:
+    """Where the activations go.
+
+    Attributes:
+        out: output path stem: OUT.safetensors + OUT.json, OUT.parquet, or the dataset folder
+            OUT (--format hf).
+        format: safetensors (one (layers, N, d) tensor), parquet (one row per text or token,
+            one column per layer) or hf (a datasets.Dataset saved with save_to_disk); read any
+            back with lmgeom.activations.from_disk(OUT).
+        push_to_hub: with --format hf: also push the dataset to this hub repo (ORG/NAME; needs
+            a reachable hub and a token).
+        n_tokens: tokens sampled for --pooling tokens.
+        seed: seed of text and token sampling.
+        quiet: no progress bar.
+    """
+
+    out: str = field(default="activations", metadata=arg(type=path_arg))
+    format: str = field(default="safetensors",
+                        metadata=arg(choices=("safetensors", "parquet", "hf")))
+    push_to_hub: str | None = field(default=None, metadata=arg(metavar="REPO"))
+    n_tokens: int = field(default=2048, metadata=arg(type=positive_int))
+    seed: int = field(default=0, metadata=arg(type=seed_int))
+    quiet: bool = False
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_texts_args(p)
     add_extract_args(p)
-    g = p.add_argument_group("output")
-    g.add_argument("--out", default="activations", type=path_arg,
-                   help="output path stem: OUT.safetensors + OUT.json, OUT.parquet, or the "
-                        "dataset folder OUT (--format hf)")
-    g.add_argument("--format", default="safetensors", choices=["safetensors", "parquet", "hf"],
-                   help="safetensors (one (layers, N, d) tensor), parquet (one row per text or "
-                        "token, one column per layer) or hf (a datasets.Dataset saved with "
-                        "save_to_disk); read any back with lmgeom.activations.from_disk(OUT)")
-    g.add_argument("--push-to-hub", default=None, metavar="REPO",
-                   help="with --format hf: also push the dataset to this hub repo (ORG/NAME; "
-                        "needs a reachable hub and a token)")
-    g.add_argument("--n-tokens", type=positive_int, default=2048, help="tokens sampled for --pooling tokens")
-    g.add_argument("--seed", type=seed_int, default=0, help="seed of text and token sampling")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_options(p, OutputArgs, title="output")
     add_engine_args(p, extraction=True)
 
 
@@ -61,7 +79,6 @@ def run(args) -> int:
 def _run(args) -> int:
     from ..activations.export import export_activations
     from ..experiments.extract import extract_activations, layer_summary
-    from .options import engine_from_args, model_options_from_args
 
     progress = progress_from_args(args)
     engine = engine_from_args(args)

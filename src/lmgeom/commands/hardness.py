@@ -4,17 +4,20 @@ perplexity."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
-from ..experiments.base import run_experiment
 from .options import (
     add_model_args,
+    add_options,
     add_run_args,
     add_texts_args,
+    arg,
     default_out,
     float_range,
     int_range,
     model_options_from_args,
     nonneg_int,
+    options_from_args,
     positive_int,
     progress_from_args,
     text_options_from_args,
@@ -34,32 +37,58 @@ DESCRIPTION = (
 )
 
 
+@dataclass(frozen=True)
+class HardnessArgs:
+    """The hardness options (defaults: :class:`~lmgeom.experiments.hardness.HardnessConfig`'s).
+
+    Attributes:
+        layer: the point whose token states are used.
+        max_length: tokens kept per text.
+        batch_size: texts per forward pass.
+        quantile: fraction of texts in the 'hardest' sets compared (0.1 = deciles).
+        n_boot: bootstrap replicates.
+        n_perm: random rankings in the null.
+        show: texts to print from each end.
+        no_cache: do not read or write the cache.
+    """
+
+    layer: str = "final"
+    max_length: int = field(default=256, metadata=arg(type=positive_int))
+    batch_size: int = field(default=8, metadata=arg(type=positive_int))
+    quantile: float = field(default=0.1, metadata=arg(type=float_range(0, 0.5, lo_open=True)))
+    n_boot: int = field(default=1000, metadata=arg(type=int_range(2)))
+    n_perm: int = field(default=1000, metadata=arg(type=int_range(10)))
+    show: int = field(default=10, metadata=arg(type=nonneg_int))
+    no_cache: bool = False
+
+
+@dataclass(frozen=True)
+class SamplesArgs:
+    """Per-item output.
+
+    Attributes:
+        log_samples: also write samples.parquet: one row per text (id, label, n_tokens,
+            truncated, NLL, perplexity, dispersion, rank).
+    """
+
+    log_samples: bool = False
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_texts_args(p, default="builtin:domains", n=500)
-    g = p.add_argument_group("hardness")
-    g.add_argument("--layer", default="final", help="the point whose token states are used")
-    g.add_argument("--max-length", type=positive_int, default=256, help="tokens kept per text")
-    g.add_argument("--batch-size", type=positive_int, default=8, help="texts per forward pass")
-    g.add_argument("--quantile", type=float_range(0, 0.5, lo_open=True), default=0.1,
-                   help="fraction of texts in the 'hardest' sets compared (0.1 = deciles)")
-    g.add_argument("--n-boot", type=int_range(2), default=1000, help="bootstrap replicates")
-    g.add_argument("--n-perm", type=int_range(10), default=1000, help="random rankings in the null")
-    g.add_argument("--show", type=nonneg_int, default=10, help="texts to print from each end")
-    g.add_argument("--no-cache", action="store_true", help="do not read or write the cache")
-    p.add_argument("--log-samples", action="store_true",
-                   help="also write samples.parquet: one row per text (id, label, n_tokens, truncated, NLL, perplexity, dispersion, rank)")
+    add_options(p, HardnessArgs, title="hardness")
+    add_options(p, SamplesArgs)
     add_run_args(p, out=None)
 
 
 def run(args) -> int:
+    from ..experiments.base import run_experiment
     from ..experiments.hardness import HardnessConfig, HardnessExperiment
 
-    config = HardnessConfig(layer=args.layer, max_length=args.max_length,
-                            batch_size=args.batch_size, n_boot=args.n_boot, n_perm=args.n_perm,
-                            quantile=args.quantile, seed=args.seed)
     experiment = HardnessExperiment(spec=args.model, texts=text_options_from_args(args),
-                                    model=model_options_from_args(args), hardness=config,
+                                    model=model_options_from_args(args),
+                                    hardness=options_from_args(args, HardnessConfig),
                                     cache=not args.no_cache, log_samples=args.log_samples)
     args.out = args.out or default_out("hardness", args.model)
     run = run_experiment(experiment, args.out, overwrite=args.overwrite,

@@ -3,20 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import json
+from dataclasses import dataclass
+
+from ..models.bundled import BUNDLED, DEFAULT_MODEL, package_dir
+from .options import add_options, print_table
 
 NAME = "models"
 HELP = "list the bundled models (installed?, size, licence)"
 
 
+@dataclass(frozen=True)
+class ModelsArgs:
+    """How ``models`` prints.
+
+    Attributes:
+        json: print JSON instead of a table.
+    """
+
+    json: bool = False
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_options(p, ModelsArgs)
 
 
 def run(args) -> int:
-    import json
-
-    from ..models.bundled import BUNDLED, DEFAULT_MODEL, package_dir
-
     rows = []
     for bm in BUNDLED.values():
         size = ""
@@ -38,8 +50,6 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from .options import print_table
-
     table = [{"name": r["name"] + (" (default)" if r["default"] else ""),
               "installed": "yes" if r["installed"] else f"no: {r['install']}",
               **{k: r[k] for k in ("arch", "shape", "gguf size", "licence")}} for r in rows]

@@ -1,51 +1,317 @@
-"""Options shared by several sub-commands (argument groups, option groups from args, the run
-ending), so every command spells them the same way."""
+"""How a command declares its options: option groups as dataclasses (tuned-lens style).
+
+An option group is a dataclass; each field is one option. The field's name gives the flag
+(``max_length`` → ``--max-length``), its default the default, its entry in the class
+docstring's ``Attributes:`` section the ``--help`` text, and its ``metadata`` (:func:`arg`)
+whatever else argparse needs (a validated type, choices, a metavar, another flag)::
+
+    @dataclass(frozen=True)
+    class ClusterArgs:
+        \"\"\"Attributes:
+            ngram: length of the shared continuation.
+        \"\"\"
+        ngram: int = field(default=10, metadata=arg(type=positive_int))
+
+    def add_arguments(p):
+        add_options(p, ClusterArgs, title="clusters")
+
+    def run(args):
+        config = options_from_args(args, ClusterConfig)  # every field found on args, by name
+
+:func:`options_from_args` builds any dataclass (an option group or a library config) from the
+parsed arguments by field name, so no command copies a field list by hand. The shared groups
+live in the library (:class:`~lmgeom.experiments.options.ModelOptions`,
+:class:`~lmgeom.experiments.options.TextOptions`, :class:`~lmgeom.engines.base.EngineConfig`)
+or here (:class:`ModelArgs`, :class:`ExtractArgs`, :class:`RunArgs`); ``add_model_args`` and
+friends add them with a command's own defaults.
+
+The validated argparse types (:mod:`lmgeom.commands.types`) and the checks before work
+(:mod:`lmgeom.commands.checks`) are re-exported here: a command imports this one module.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..engines.base import EngineConfig
+from ..errors import ConfigError
+from ..experiments.options import DEFAULT_TEXTS, ModelOptions, TextOptions
 from ..models.bundled import DEFAULT_MODEL
+from .checks import OPTIONAL_DEPS, TEXT_SPEC_OPTIONS, require_module, validate_args
+from .types import (
+    SEED_MAX,
+    float_list,
+    float_or_auto,
+    float_or_auto_list,
+    float_range,
+    int_list,
+    int_range,
+    nonneg_float,
+    nonneg_int,
+    open_fraction,
+    path_arg,
+    positive_float,
+    positive_int,
+    seed_int,
+    unit_float,
+)
 
-DEFAULT_TEXTS = "builtin:domains"
+# --------------------------------------------------------------------------- the mechanism
+
+#: validated types a library dataclass (which cannot import this layer) names by string
+TYPES: dict[str, Any] = {
+    "positive_int": positive_int, "nonneg_int": nonneg_int, "seed_int": seed_int,
+    "positive_float": positive_float, "nonneg_float": nonneg_float, "path_arg": path_arg,
+    "open_fraction": open_fraction, "unit_float": unit_float,
+}
+
+#: what :func:`arg` accepts: argparse's own keywords, ``flag`` (the option string) and
+#: ``cli=False`` (a field that is not an option)
+ARG_KEYS = ("flag", "type", "choices", "metavar", "action", "nargs", "const", "dest", "help",
+            "cli")
 
 
-def add_model_args(p: argparse.ArgumentParser, *, multiple: bool = False) -> None:
-    g = p.add_argument_group("model")
-    if multiple:
-        g.add_argument("--model", action="append", default=None, metavar="SPEC",
-                       help=f"model to analyse; repeat for several (default: {DEFAULT_MODEL}). "
-                            "A bundled name (see `lmgeom models`), hub id, local folder or .gguf")
-    else:
-        g.add_argument("--model", default=DEFAULT_MODEL, metavar="SPEC",
-                       help="bundled name (see `lmgeom models`), hub id, local folder or .gguf file")
-    g.add_argument("--revision", default=None, help="hub revision / branch (e.g. Pythia's step1000)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="dtype of the forward pass (see docs/dtype.md for the evidence behind the default)")
-    g.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps (default: cuda if available)")
-    g.add_argument("--device-map", default=None, help="transformers device_map, e.g. auto (big models)")
-    g.add_argument("--trust-remote-code", action="store_true",
-                   help="allow code shipped with a hub model to run (off by default)")
-    add_model_args_option(g)
+def arg(**spec: Any) -> dict[str, Any]:
+    """Field metadata: how an option-group field appears on the command line.
+
+    ``field(default=8, metadata=arg(type=positive_int))``. Keys: ``flag`` (default
+    ``--field-name``), ``dest`` (the ``args`` attribute; default from the flag), ``type`` (a
+    callable, or a name in :data:`TYPES`), ``choices``, ``metavar``, ``action``, ``nargs``,
+    ``const``, ``help`` (default: the docstring's ``Attributes:`` entry), ``cli=False``.
+    A library dataclass writes the same dict by hand: ``metadata={"cli": {...}}``.
+    """
+    unknown = set(spec) - set(ARG_KEYS)
+    if unknown:
+        raise TypeError(f"arg(): unknown keys {sorted(unknown)}; known: {', '.join(ARG_KEYS)}")
+    return {"cli": spec}
 
 
-MODEL_ARGS_KEYS = ("pretrained", "revision", "dtype", "device", "device_map", "trust_remote_code")
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: text}`` from the ``Attributes:`` section of ``cls``'s (Google-style) docstring;
+    continuation lines joined, RST double back-quotes and a final full stop dropped."""
+    docs: dict[str, str] = {}
+    lines = (cls.__doc__ or "").expandtabs().splitlines()
+    try:
+        start = next(i for i, ln in enumerate(lines) if ln.strip() == "Attributes:")
+    except StopIteration:
+        return docs
+    indent, name = None, None
+    for ln in lines[start + 1:]:
+        if not ln.strip():
+            continue
+        depth = len(ln) - len(ln.lstrip())
+        if indent is None:
+            indent = depth
+        if depth < indent:
+            break
+        m = re.match(r"(\w+)(?: \([^)]*\))?: ?(.*)$", ln.strip())
+        if depth == indent and m:
+            name = m.group(1)
+            docs[name] = m.group(2)
+        elif name is not None:
+            docs[name] += " " + ln.strip()
+    # one phrase per option, as argparse help reads: no final full stop
+    return {k: " ".join(v.replace("``", "").split()).removesuffix(".") for k, v in docs.items()}
 
 
-def add_model_args_option(g) -> None:
-    """``--model-args k=v,...`` (lm-evaluation-harness style) beside the separate options."""
-    g.add_argument("--model-args", default=None, metavar="K=V,...",
-                   help="lm-eval style model arguments, e.g. dtype=bfloat16,revision=step1000,"
-                        "trust_remote_code=false (keys: " + ", ".join(MODEL_ARGS_KEYS) + "); "
-                        "the same as the separate options, which must not contradict them")
+def _spec(f: dataclasses.Field) -> dict[str, Any]:
+    return dict(f.metadata.get("cli", {}))
+
+
+def option_dest(f: dataclasses.Field) -> str:
+    """The ``args`` attribute of an option-group field."""
+    spec = _spec(f)
+    if "dest" in spec:
+        return spec["dest"]
+    return spec["flag"].lstrip("-").replace("-", "_") if "flag" in spec else f.name
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def add_options(p, cls: type, *, title: str | None = None, only: Collection[str] | None = None,
+                exclude: Collection[str] = (), defaults: Mapping[str, Any] | None = None,
+                repeat: Collection[str] = (), tweak: Mapping[str, Mapping[str, Any]] | None = None):
+    """Add one option per field of the dataclass ``cls`` to ``p`` (a parser or a group).
+
+    Args:
+        p: an ``ArgumentParser`` or an argument group.
+        cls: the option group.
+        title: put the options in a new argument group of this title (else straight into ``p``).
+        only / exclude: the fields to add (default: every field not marked ``cli=False``).
+        defaults: a command's own defaults, by field name.
+        repeat: fields that become repeatable (``action="append"``, default ``None``); the help
+            then names the single default.
+        tweak: per-field :func:`arg` keys that differ for this command (another type or
+            help; never another flag or dest, which :func:`options_from_args` reads).
+
+    Returns:
+        The group (or ``p``), to add more options to.
+    """
+    g = p.add_argument_group(title) if title else p
+    docs = field_docs(cls)
+    defaults = dict(defaults or {})
+    for f in dataclasses.fields(cls):
+        spec = {**_spec(f), **(tweak or {}).get(f.name, {})}
+        if not spec.pop("cli", True) or f.name in exclude or (only is not None
+                                                              and f.name not in only):
+            continue
+        flag = spec.pop("flag", "--" + f.name.replace("_", "-"))
+        default = defaults.pop(f.name) if f.name in defaults else _default(f)
+        help_ = spec.pop("help", None) or docs.get(f.name)
+        if help_ is None:
+            raise TypeError(f"{cls.__name__}.{f.name}: no help (an 'Attributes:' entry in the "
+                            "docstring, or arg(help=...))")
+        if isinstance(spec.get("type"), str):
+            spec["type"] = TYPES[spec["type"]]
+        if "action" not in spec and (f.type in ("bool", bool)):
+            spec["action"] = "store_true"
+        if "choices" in spec:
+            spec["choices"] = list(spec["choices"])
+        if f.name in repeat:
+            spec["action"] = "append"
+            help_ = help_.rstrip(".") + "; repeat for several" + (
+                f" (default: {default})" if default is not None else "")
+            default = None
+        g.add_argument(flag, default=default, help=help_, **spec)
+    if defaults:
+        raise TypeError(f"add_options({cls.__name__}): no such fields {sorted(defaults)}")
+    return g
+
+
+def options_from_args(args, cls: type, /, **override: Any):
+    """``cls`` (any dataclass) from the parsed arguments: every field whose option is on
+    ``args`` (by :func:`option_dest`, i.e. by name) takes its value, ``override`` wins, the
+    rest keep their defaults. ``cls`` may be an option group or a library config whose fields
+    share the options' names."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if f.name in override:
+            values[f.name] = override.pop(f.name)
+        elif hasattr(args, option_dest(f)):
+            values[f.name] = getattr(args, option_dest(f))
+    if override:
+        raise TypeError(f"options_from_args({cls.__name__}): no such fields {sorted(override)}")
+    return cls(**values)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``(default: X)`` after an option's help, except where there is nothing to state (a
+    ``None`` default, a flag that is off) or the help already states it."""
+
+    def _get_help_string(self, action):
+        help_ = action.help or ""
+        if (action.default in (None, False, argparse.SUPPRESS)
+                or re.search(r"\(default|default:|%\(default\)", help_)):
+            return help_
+        return super()._get_help_string(action)
+
+
+# --------------------------------------------------------------------------- shared groups
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Which model a command runs (beside :class:`~lmgeom.experiments.options.ModelOptions`).
+
+    Attributes:
+        model: bundled name (see `lmgeom models`), hub id, local folder or .gguf file.
+        model_args: lm-eval style model arguments, e.g. dtype=bfloat16,revision=step1000,
+            trust_remote_code=false (keys: pretrained, revision, dtype, device, device_map,
+            trust_remote_code); the same as the separate options, which must not contradict
+            them.
+    """
+
+    model: str = field(default=DEFAULT_MODEL, metadata=arg(metavar="SPEC"))
+    model_args: str | None = field(default=None, metadata=arg(metavar="K=V,..."))
+
+
+@dataclass(frozen=True)
+class ExtractArgs:
+    """How states are extracted.
+
+    Attributes:
+        layers: all | blocks | sublayers | final | 0,5,10 | 3-7 | 12.attn_out (comma-separated).
+        pooling: one vector per text: last non-pad token, mean of tokens, or sampled tokens.
+        max_length: tokens kept per text.
+        batch_size: texts per forward pass.
+        no_cache: do not read or write the activation cache.
+    """
+
+    layers: str = "all"
+    pooling: str = field(default="last", metadata=arg(choices=("last", "mean", "tokens")))
+    max_length: int = field(default=128, metadata=arg(type=positive_int))
+    batch_size: int = field(default=32, metadata=arg(type=positive_int))
+    no_cache: bool = False
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """Where a run folder goes and how the run behaves.
+
+    Attributes:
+        out: output folder.
+        overwrite: replace an output folder that holds a different run.
+        seed: seed of every sampling step.
+        quiet: no progress bars.
+    """
+
+    out: str | None = field(default=None, metadata=arg(type=path_arg))
+    overwrite: bool = False
+    seed: int = field(default=0, metadata=arg(type=seed_int))
+    quiet: bool = False
+
+
+@dataclass(frozen=True)
+class CandidateArgs:
+    """The models a multi-model command (``sweep``, ``select``) compares, or a trained suite.
+
+    Attributes:
+        model: a model (bundled name, hub id, local folder or .gguf file); repeat for several.
+        suite: every width x saved checkpoint of a suite folder from `lmgeom suite train --out
+            DIR`.
+        widths: with --suite: only these widths, comma-separated (64,128 or w64).
+        steps: with --suite: only these checkpoint steps, comma-separated.
+    """
+
+    model: list[str] | None = field(default=None, metadata=arg(action="append", metavar="SPEC"))
+    suite: str | None = field(default=None, metadata=arg(metavar="DIR"))
+    widths: str | None = None
+    steps: str | None = None
+
+
+def add_model_args(p: argparse.ArgumentParser, *, multiple: bool = False,
+                   only: Collection[str] | None = None, repeat: Collection[str] = (),
+                   title: str = "model"):
+    """``--model`` (repeatable with ``multiple``), the :class:`ModelOptions` (``only`` some of
+    them; ``repeat`` some) and ``--model-args`` (with every model option)."""
+    g = add_options(p, ModelArgs, title=title, only=("model",),
+                    repeat=("model",) if multiple else ())
+    add_options(g, ModelOptions, only=only, repeat=repeat)
+    if only is None:
+        add_options(g, ModelArgs, only=("model_args",))
+    return g
+
+
+#: the keys of ``--model-args``: ``pretrained`` (= ``--model``) and every model option
+MODEL_ARGS_KEYS = ("pretrained", *(f.name for f in dataclasses.fields(ModelOptions)))
 
 
 def parse_model_args(text: str) -> dict[str, object]:
     """``"dtype=bfloat16,revision=step1000,trust_remote_code=false"`` → a dict (booleans parsed)."""
-    from ..errors import ConfigError
-
     out: dict[str, object] = {}
     for item in (x.strip() for x in text.split(",")):
         if not item:
@@ -81,8 +347,7 @@ def parse_model_args(text: str) -> dict[str, object]:
 
 
 #: the separate options' defaults: a model-args value may fill an option left at its default
-_OPTION_DEFAULTS = {"dtype": "float32", "revision": None, "device": None, "device_map": None,
-                    "trust_remote_code": False}
+_OPTION_DEFAULTS = {f.name: _default(f) for f in dataclasses.fields(ModelOptions)}
 
 
 def apply_model_args(args) -> None:
@@ -90,9 +355,6 @@ def apply_model_args(args) -> None:
 
     A key whose separate option was also given with a different value is an error, so a
     command line never means two things."""
-    from ..errors import ConfigError
-    from ..models.bundled import DEFAULT_MODEL
-
     text = getattr(args, "model_args", None)
     if not text:
         return
@@ -120,75 +382,37 @@ def _takes_list(args, attr: str) -> bool:
     return attr in getattr(args, "_list_options", ())
 
 
-
 def add_texts_args(p: argparse.ArgumentParser, *, default: str = DEFAULT_TEXTS, n: int | None = 512,
-                   multiple: bool = False) -> None:
-    g = p.add_argument_group("texts")
-    if multiple:
-        g.add_argument("--texts", action="append", default=None, metavar="SPEC",
-                       help=f"text set; repeat for several (default: {default}). builtin:NAME, a "
-                            ".txt/.jsonl/.csv/.parquet file, or hf:NAME[:CONFIG][:SPLIT]")
-    else:
-        g.add_argument("--texts", default=default, metavar="SPEC",
-                       help="builtin:NAME (see `lmgeom texts`), a .txt/.jsonl/.csv/.parquet file, or "
-                            "hf:NAME[:CONFIG][:SPLIT]")
-    g.add_argument("--n", type=positive_int, default=n, help="number of texts (a seeded, label-balanced sample)")
-    g.add_argument("--text-column", default=None, help="text column of a jsonl/csv/parquet file")
-    g.add_argument("--label-column", default=None, help="label column of a jsonl/csv/parquet file")
-    g.add_argument("--split", default=None, help="for .txt: 'paragraphs' splits on blank lines")
+                   multiple: bool = False):
+    """The :class:`~lmgeom.experiments.options.TextOptions` group (``--texts``, ``--n``,
+    columns, ``--split``; its seed is ``--seed`` of the run group)."""
+    return add_options(p, TextOptions, title="texts", defaults={"spec": default, "n": n},
+                       repeat=("spec",) if multiple else ())
 
 
 def add_extract_args(p: argparse.ArgumentParser, *, layers: str = "all", pooling: str = "last",
-                     max_length: int = 128) -> None:
-    g = p.add_argument_group("extraction")
-    g.add_argument("--layers", default=layers,
-                   help="all | blocks | sublayers | final | 0,5,10 | 3-7 | 12.attn_out (comma-separated)")
-    g.add_argument("--pooling", default=pooling, choices=["last", "mean", "tokens"],
-                   help="one vector per text: last non-pad token, mean of tokens, or sampled tokens")
-    g.add_argument("--max-length", type=positive_int, default=max_length, help="tokens kept per text")
-    g.add_argument("--batch-size", type=positive_int, default=32, help="texts per forward pass")
-    g.add_argument("--no-cache", action="store_true", help="do not read or write the activation cache")
+                     max_length: int = 128):
+    """The :class:`ExtractArgs` group."""
+    return add_options(p, ExtractArgs, title="extraction",
+                       defaults={"layers": layers, "pooling": pooling, "max_length": max_length})
 
 
-def add_run_args(p: argparse.ArgumentParser, *, out: str | None = None) -> None:
-    g = p.add_argument_group("run")
-    g.add_argument("--out", default=out, type=path_arg, help="output folder")
-    g.add_argument("--overwrite", action="store_true",
-                   help="replace an output folder that holds a different run")
-    g.add_argument("--seed", type=seed_int, default=0, help="seed of every sampling step")
-    g.add_argument("--quiet", action="store_true", help="no progress bars")
+def add_run_args(p: argparse.ArgumentParser, *, out: str | None = None):
+    """The :class:`RunArgs` group (``--out``, ``--overwrite``, ``--seed``, ``--quiet``)."""
+    return add_options(p, RunArgs, title="run", defaults={"out": out})
 
 
-def add_engine_args(p, *, extraction: bool = False) -> None:
-    """``--engine``, ``--ray-address``, ``--cpus-per-job``, ``--gpus-per-job``, ``--retries``."""
-    g = p.add_argument_group("execution (see README: Running on a cluster)")
-    g.add_argument("--engine", default="local", choices=["local", "ray", "serial"],
-                   help="local: in this process; ray: one Ray task per job on a Ray cluster "
-                        "(pip install 'lmgeom[ray]')")
-    g.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="Ray cluster to join (auto, host:6379, ray://host:10001; default "
-                        "$RAY_ADDRESS, else a private local Ray instance)")
-    g.add_argument("--ray-num-cpus", type=positive_int, default=None,
-                   help="CPUs of the private local Ray instance (default: all)")
-    g.add_argument("--cpus-per-job", type=positive_float, default=1.0,
-                   help="CPUs each Ray job requests (also its torch thread count)")
-    g.add_argument("--gpus-per-job", type=nonneg_float, default=0.0,
-                   help="GPUs each Ray job requests (0: CPU jobs; 0.5 packs two jobs per GPU)")
-    g.add_argument("--retries", type=nonneg_int, default=2,
-                   help="extra attempts for a failed job before it is reported as failed")
-    if extraction:
-        g.add_argument("--workers", type=positive_int, default=None,
-                       help="model-holding Ray actors sharing the batches (default: as many as "
-                            "the cluster fits, at most one per batch)")
+def add_engine_args(p, *, extraction: bool = False):
+    """The :class:`~lmgeom.engines.base.EngineConfig` group (``--workers`` only with
+    ``extraction``)."""
+    return add_options(p, EngineConfig, title="execution (see README: Running on a cluster)",
+                       exclude=() if extraction else ("workers",))
 
 
 def engine_from_args(args):
     """The engine of a command's options; with ``--engine ray`` Ray is started (or joined) and
     the requested resources checked now, before any output folder is written."""
-    cfg = EngineConfig(engine=args.engine, address=args.ray_address,
-                       cpus_per_job=args.cpus_per_job, gpus_per_job=args.gpus_per_job,
-                       retries=args.retries, num_cpus=args.ray_num_cpus,
-                       workers=getattr(args, "workers", None))
+    cfg = options_from_args(args, EngineConfig)
     if cfg.engine == "ray":
         from ..engines.ray_cluster import ensure_ray
 
@@ -206,22 +430,15 @@ def default_out(command: str, models) -> str:
 def load_kwargs_from_args(args) -> dict:
     """The :func:`~lmgeom.load_model` keyword arguments of the model options (plain values, so
     they can travel to a Ray worker)."""
-    return dict(dtype=args.dtype, device=args.device, revision=args.revision,
-                trust_remote_code=args.trust_remote_code, device_map=args.device_map)
+    return model_options_from_args(args).load_kwargs()
 
 
 def load_model_from_args(args, spec: str | None = None):
-    from ..models import load_model
-
-    return load_model(spec or args.model, **load_kwargs_from_args(args))
+    return model_options_from_args(args).load(spec or args.model)
 
 
 def load_texts_from_args(args, spec: str | None = None):
-    from ..texts import load_texts
-
-    return load_texts(spec or args.texts, limit=args.n, seed=getattr(args, "seed", 0),
-                      split=args.split, text_column=args.text_column,
-                      label_column=args.label_column)
+    return text_options_from_args(args, spec).load()
 
 
 def progress_from_args(args) -> bool | None:
@@ -238,21 +455,16 @@ def print_table(rows: list[dict], columns: list[str] | None = None, floatfmt: st
     print(format_table(rows, columns, floatfmt))
 
 
-def model_options_from_args(args):
+def model_options_from_args(args) -> ModelOptions:
     """The :class:`~lmgeom.experiments.options.ModelOptions` of the model option group."""
-    from ..experiments.options import ModelOptions
-
-    return ModelOptions(revision=args.revision, dtype=args.dtype, device=args.device,
-                        device_map=args.device_map, trust_remote_code=args.trust_remote_code)
+    return options_from_args(args, ModelOptions)
 
 
-def text_options_from_args(args, spec: str | None = None):
-    """The :class:`~lmgeom.experiments.options.TextOptions` of the texts option group."""
-    from ..experiments.options import TextOptions
-
-    return TextOptions(spec=spec or args.texts, n=args.n, seed=getattr(args, "seed", 0),
-                       split=args.split, text_column=args.text_column,
-                       label_column=args.label_column)
+def text_options_from_args(args, spec: str | None = None) -> TextOptions:
+    """The :class:`~lmgeom.experiments.options.TextOptions` of the texts option group (``spec``:
+    one of a repeated ``--texts``); its seed is ``--seed`` (0 where a command has none)."""
+    return options_from_args(args, TextOptions, spec=spec or args.texts,
+                             seed=getattr(args, "seed", 0))
 
 
 def run_and_report(experiment, args, *, report: bool = True):
@@ -276,219 +488,62 @@ def run_and_report(experiment, args, *, report: bool = True):
     return run
 
 
-# --------------------------------------------------------------------------- list parsers
-
-
-def int_list(text: str | None, option: str) -> list[int] | None:
-    """``"64,128"`` → ``[64, 128]``; empty or ``None`` → ``None``; anything else a clear error
-    that names ``option``."""
-    from ..errors import ConfigError
-
-    if not text:
-        return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()] or None
-    except ValueError as exc:
-        raise ConfigError(f"{option} must be a comma-separated list of integers, "
-                          f"got {text!r}") from exc
-
-
-def float_list(text: str) -> tuple[float, ...]:
-    """argparse type: comma-separated numbers."""
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
-
-
-def float_or_auto(text: str):
-    """argparse type: a number or ``auto``."""
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        return float(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from exc
-
-
-def float_or_auto_list(text: str) -> tuple:
-    """argparse type: comma-separated numbers or ``auto``."""
-    return tuple(float_or_auto(x) for x in text.split(",") if x.strip())
-
-
-# --------------------------------------------------------------------------- validated numbers
-# argparse types that check the range as the command line is parsed, so a bad value fails
-# before any work with ``lmgeom CMD: error: --n must be >= 1 (got 0)`` (see cli._Parser).
-
-#: the largest --seed (every RNG lmgeom seeds takes it; numpy's legacy and torch's take more)
-SEED_MAX = 2**32 - 1
-
-
-def int_range(lo: int | None = None, hi: int | None = None):
-    """argparse type: an integer in ``[lo, hi]`` (either end open when ``None``)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(str(text).strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            want = (f"in {lo}..{hi}" if lo is not None and hi is not None
-                    else f">= {lo}" if lo is not None else f"<= {hi}")
-            raise argparse.ArgumentTypeError(f"must be {want} (got {value})")
-        return value
-
-    parse.__name__ = "int"
-    return parse
-
-
-def float_range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-                hi_open: bool = False):
-    """argparse type: a finite number in the interval ``lo..hi`` (ends open when asked)."""
-    import math
-
-    def parse(text: str) -> float:
-        try:
-            value = float(str(text).strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-        bad = not math.isfinite(value)
-        bad = bad or (lo is not None and (value <= lo if lo_open else value < lo))
-        bad = bad or (hi is not None and (value >= hi if hi_open else value > hi))
-        if bad:
-            if lo is not None and hi is not None:
-                want = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-            elif lo is not None:
-                want = f"{'>' if lo_open else '>='} {lo:g}"
-            elif hi is not None:
-                want = f"{'<' if hi_open else '<='} {hi:g}"
-            else:
-                want = "a finite number"
-            raise argparse.ArgumentTypeError(f"must be {want} (got {text.strip()})")
-        return value
-
-    parse.__name__ = "float"
-    return parse
-
-
-positive_int = int_range(1)
-nonneg_int = int_range(0)
-seed_int = int_range(0, SEED_MAX)
-positive_float = float_range(0, lo_open=True)
-nonneg_float = float_range(0)
-#: a share strictly between 0 and 1 (held-out fractions)
-open_fraction = float_range(0, 1, lo_open=True, hi_open=True)
-#: a weight in [0, 1] (interpolation lambdas)
-unit_float = float_range(0, 1)
-
-
-# --------------------------------------------------------------------------- checks before work
-
-#: optional dependency → the pip command that installs it
-OPTIONAL_DEPS = {
-    "datasets": "pip install 'lmgeom[hf]'",
-    "faiss": "pip install 'lmgeom[knn]' (or pip install faiss-cpu)",
-    "peft": "pip install 'lmgeom[train]' (or pip install peft)",
-    "ray": "pip install 'lmgeom[ray]'",
-}
-
-
-def require_module(module: str, needed_by: str) -> None:
-    """Import ``module`` or raise a :class:`~lmgeom.errors.ConfigError` naming ``needed_by``
-    and the pip command (the CLI calls this before any work)."""
-    import importlib
-
-    from ..errors import ConfigError
-
-    try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        why = "is not installed" if isinstance(exc, ModuleNotFoundError) else (
-            f"cannot be imported ({str(exc).splitlines()[0][:120] if str(exc) else 'ImportError'})")
-        raise ConfigError(f"{needed_by} needs the optional package '{module}', which {why}: "
-                          f"{OPTIONAL_DEPS.get(module, f'pip install {module}')}") from None
-
-
-def _values(args, attr: str) -> list[str]:
-    v = getattr(args, attr, None)
-    if v is None:
-        return []
-    return [str(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
-
-
-#: options that take a text-set spec
-TEXT_SPEC_OPTIONS = ("texts", "eval_texts", "train_texts", "domain_texts", "general_texts",
-                     "exclude_texts")
-
-
-def validate_args(args) -> None:
-    """Every check that needs no model and no data, run by :func:`lmgeom.cli.main` before the
-    command starts: ``LMGEOM_*`` variables, devices, ``--revision`` against the model kinds, and
-    the optional packages the options call for."""
-    from .._env import check_environment
-    from ..errors import ConfigError
-    from ..models.checks import check_device, check_device_map
-
-    check_environment()
-    for attr in ("device", "metrics_device"):
-        for value in _values(args, attr):
-            dev = check_device(value, option="--" + attr.replace("_", "-"))
-            if attr == "metrics_device" and dev is not None and dev.startswith("mps"):
-                raise ConfigError(f"--metrics-device {value}: the PGA null runs in float64, "
-                                  "which MPS lacks; use --metrics-device cpu (the default) or "
-                                  "cuda")
-    for value in _values(args, "device_map"):
-        check_device_map(value, option="--device-map")
-    _check_revision(args)
-    stride, max_length = getattr(args, "stride", None), getattr(args, "max_length", None)
-    if isinstance(stride, int) and isinstance(max_length, int) and stride >= max_length:
-        raise ConfigError(f"--stride must be smaller than --max-length (got --stride {stride}, "
-                          f"--max-length {max_length}): windows of --max-length tokens start "
-                          "every --stride tokens")
-    cmd = getattr(args, "command", "")
-    specs = [("--" + a.replace("_", "-"), s) for a in TEXT_SPEC_OPTIONS for s in _values(args, a)]
-    if cmd == "texts":
-        specs += [("SPEC", s) for s in _values(args, "spec")]
-    hf = [(opt, s) for opt, s in specs if s.startswith("hf:")]
-    if hf:
-        require_module("datasets", f"{hf[0][0]} {hf[0][1]} (a Hugging Face dataset)")
-    if getattr(args, "format", None) == "hf":
-        require_module("datasets", "--format hf (a Hugging Face dataset folder)")
-    if getattr(args, "engine", None) == "ray":
-        require_module("ray", "--engine ray")
-    if cmd == "knnlm":
-        require_module("faiss", "lmgeom knnlm (the kNN-LM datastore index)")
-    if cmd == "train" and getattr(args, "method", None) == "lora":
-        require_module("peft", "lmgeom train --lora (the default; --full needs no extra)")
-
-
-def _check_revision(args) -> None:
-    """``--revision`` names a hub revision: refused when no model of the command is a hub id
-    (a bundled model, local folder or .gguf has one version), where it would be ignored."""
-    from ..errors import ConfigError
-    from ..models.bundled import DEFAULT_MODEL
-    from ..models.load import SOURCE_WORDS, model_source
-
-    revisions = _values(args, "revision")
-    if not revisions or getattr(args, "command", "") == "sweep":  # sweep pairs them itself
-        return
-    if getattr(args, "suite", None):
-        return  # select / sweep with --suite refuse --revision themselves
-    models = _values(args, "model") or [DEFAULT_MODEL]
-    kinds = {m: model_source(m) for m in models}
-    if any(k == "hub" for k in kinds.values()):
-        return
-    m, kind = next(iter(kinds.items()))
-    raise ConfigError(f"--revision applies to hub models only; {m} is "
-                      f"{SOURCE_WORDS.get(kind, 'not a hub id')}, which has exactly one version: "
-                      "drop --revision (or give a hub id such as EleutherAI/pythia-160m)")
-
-
-def path_arg(text: str) -> str:
-    """argparse type of an output path: not empty (an unset shell variable), no NUL."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must be a path, got an empty string (an unset shell "
-                                         "variable?)")
-    if "\0" in text:
-        raise argparse.ArgumentTypeError("must be a path, got a string with a NUL character")
-    return text
+__all__ = [
+    "DEFAULT_TEXTS",
+    # --model-args
+    "MODEL_ARGS_KEYS",
+    "OPTIONAL_DEPS",
+    # re-exported: validated types (commands.types) and the checks before work (commands.checks)
+    "SEED_MAX",
+    "TEXT_SPEC_OPTIONS",
+    # the mechanism
+    "TYPES",
+    # shared option groups and their adders
+    "CandidateArgs",
+    "EngineConfig",
+    "ExtractArgs",
+    "HelpFormatter",
+    "ModelArgs",
+    "ModelOptions",
+    "RunArgs",
+    "TextOptions",
+    "add_engine_args",
+    "add_extract_args",
+    "add_model_args",
+    "add_options",
+    "add_run_args",
+    "add_texts_args",
+    "apply_model_args",
+    "arg",
+    # args -> library objects; the run ending
+    "default_out",
+    "engine_from_args",
+    "field_docs",
+    "float_list",
+    "float_or_auto",
+    "float_or_auto_list",
+    "float_range",
+    "int_list",
+    "int_range",
+    "load_kwargs_from_args",
+    "load_model_from_args",
+    "load_texts_from_args",
+    "model_options_from_args",
+    "nonneg_float",
+    "nonneg_int",
+    "open_fraction",
+    "option_dest",
+    "options_from_args",
+    "parse_model_args",
+    "path_arg",
+    "positive_float",
+    "positive_int",
+    "print_table",
+    "progress_from_args",
+    "require_module",
+    "run_and_report",
+    "seed_int",
+    "text_options_from_args",
+    "unit_float",
+    "validate_args",
+]

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
+from .._io import atomic_path
 from .analyze import add_pga_args, layer_config_from_args
 from .options import (
     add_extract_args,
     add_model_args,
+    add_options,
     add_texts_args,
+    arg,
     load_model_from_args,
     load_texts_from_args,
     path_arg,
@@ -27,18 +31,31 @@ DESCRIPTION = (
 )
 
 
+@dataclass(frozen=True)
+class PgaArgs:
+    """What ``pga`` adds.
+
+    Attributes:
+        seed: seed of the text sample, null frames and pairs.
+        csv: also write the tidy rows to this CSV file.
+        quiet: no progress bars.
+    """
+
+    seed: int = field(default=0, metadata=arg(type=seed_int))
+    csv: str | None = field(default=None, metadata=arg(type=path_arg))
+    quiet: bool = False
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_texts_args(p)
     add_extract_args(p)
     add_pga_args(p, ccr="1")
-    p.add_argument("--seed", type=seed_int, default=0, help="seed of the text sample, null frames and pairs")
-    p.add_argument("--csv", default=None, type=path_arg, help="also write the tidy rows to this CSV file")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_options(p, PgaArgs)
 
 
 def run(args) -> int:
-    from ..results.folder import claim_output
+    from ..results.folder import claim_output  # pandas
 
     # --csv is checked (and locked against a second run) before any work
     with claim_output(args.csv, option="--csv", suffixes=(".csv",)):
@@ -61,8 +78,6 @@ def _run(args) -> int:
           f"k={config.k}, n_null={config.n_null}, readout={config.readout}, seed={config.seed}")
     print_table(rows, floatfmt="{:.4g}")
     if args.csv:
-        from .._io import atomic_path
-
         with atomic_path(args.csv) as tmp:
             tidy.to_csv(tmp, index=False)
         print(f"\nwrote {args.csv}")

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from .._io import atomic_path
+from ..errors import ConfigError
 from .options import (
     add_model_args,
+    add_options,
     add_texts_args,
+    arg,
     int_range,
     model_options_from_args,
     nonneg_int,
@@ -30,27 +37,44 @@ DESCRIPTION = (
 )
 
 
+@dataclass(frozen=True)
+class PplArgs:
+    """The perplexity options.
+
+    Attributes:
+        max_length: tokens per model input.
+        stride: sliding-window mode: window start every STRIDE tokens (< --max-length).
+        batch_size: inputs per forward pass.
+        position_chunk: positions per readout matmul (default: 64 MiB of float32 logits).
+        out: write the per-text table here (.csv/.parquet/.jsonl).
+        per_token: also stream token-level NLL (id, position, token_id, token, nll) to parquet:
+            PATH, or OUT.tokens.parquet beside --out (else ppl-tokens.parquet).
+        log_samples: also write one row per text (id, label, n_tokens, truncated, NLL,
+            perplexity) to PATH (default: OUT.samples.parquet / samples.parquet).
+        show: texts to print (highest and lowest).
+        seed: seed of the --n text sample.
+        quiet: no progress bar.
+    """
+
+    max_length: int = field(default=512, metadata=arg(type=int_range(2)))
+    stride: int | None = field(default=None, metadata=arg(type=positive_int))
+    batch_size: int = field(default=8, metadata=arg(type=positive_int))
+    position_chunk: int | None = field(default=None, metadata=arg(type=positive_int))
+    out: str | None = field(default=None, metadata=arg(type=path_arg))
+    # no path_arg: argparse would apply it to const "" (the option given without a value)
+    per_token: str | None = field(default=None, metadata=arg(nargs="?", const="",
+                                                             metavar="PATH"))
+    log_samples: str | None = field(default=None, metadata=arg(nargs="?", const="",
+                                                               metavar="PATH"))
+    show: int = field(default=10, metadata=arg(type=nonneg_int))
+    seed: int = field(default=0, metadata=arg(type=seed_int))
+    quiet: bool = False
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_texts_args(p, n=None)
-    g = p.add_argument_group("perplexity")
-    g.add_argument("--max-length", type=int_range(2), default=512, help="tokens per model input")
-    g.add_argument("--stride", type=positive_int, default=None,
-                   help="sliding-window mode: window start every STRIDE tokens (< --max-length)")
-    g.add_argument("--batch-size", type=positive_int, default=8, help="inputs per forward pass")
-    g.add_argument("--position-chunk", type=positive_int, default=None,
-                   help="positions per readout matmul (default: 64 MiB of float32 logits)")
-    g.add_argument("--out", default=None, type=path_arg, help="write the per-text table here (.csv/.parquet/.jsonl)")
-    g.add_argument("--per-token", nargs="?", const="", default=None, metavar="PATH",
-                   help="also stream token-level NLL (id, position, token_id, token, nll) to "
-                        "parquet: PATH, or OUT.tokens.parquet beside --out (else "
-                        "ppl-tokens.parquet)")
-    g.add_argument("--log-samples", nargs="?", const="", default=None, metavar="PATH",
-                   help="also write one row per text (id, label, n_tokens, truncated, NLL, "
-                        "perplexity) to PATH (default: OUT.samples.parquet / samples.parquet)")
-    g.add_argument("--show", type=nonneg_int, default=10, help="texts to print (highest and lowest)")
-    g.add_argument("--seed", type=seed_int, default=0, help="seed of the --n text sample")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_options(p, PplArgs, title="perplexity")
 
 
 def _beside(args, given: str | None, suffix: str, fallback: str) -> str | None:
@@ -59,19 +83,13 @@ def _beside(args, given: str | None, suffix: str, fallback: str) -> str | None:
     if given:
         return given
     if args.out:
-        from pathlib import Path
-
         out = Path(args.out)
         return str(out.with_name(f"{out.stem}.{suffix}.parquet"))
     return fallback
 
 
 def run(args) -> int:
-    import contextlib
-    from pathlib import Path
-
-    from ..errors import ConfigError
-    from ..results.folder import claim_output
+    from ..results.folder import claim_output  # pandas
 
     tokens_path = _beside(args, args.per_token, "tokens", "ppl-tokens.parquet")
     samples_path = _beside(args, args.log_samples, "samples", "samples.parquet")
@@ -91,8 +109,6 @@ def run(args) -> int:
 
 
 def _run(args, tokens_path: str | None, samples_path: str | None) -> int:
-    import contextlib
-
     from ..lm.perplexity import TokenNLLWriter, perplexity
 
     progress = progress_from_args(args)
@@ -109,7 +125,6 @@ def _run(args, tokens_path: str | None, samples_path: str | None) -> int:
     if writer is not None:
         print(f"wrote {tokens_path} ({writer.n_rows:,} scored tokens)")
     if samples_path:
-        from .._io import atomic_path
         from ..experiments.samples import perplexity_samples
 
         with atomic_path(samples_path) as tmp:

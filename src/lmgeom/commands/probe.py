@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field, replace
 
 from .analyze import add_pga_args, layer_config_from_args
 from .options import (
     add_extract_args,
     add_model_args,
+    add_options,
     add_run_args,
     add_texts_args,
+    arg,
     default_out,
     int_range,
+    model_options_from_args,
     positive_float,
+    run_and_report,
+    text_options_from_args,
 )
 
 NAME = "probe"
@@ -25,22 +31,30 @@ DESCRIPTION = (
 )
 
 
+@dataclass(frozen=True)
+class ProbeArgs:
+    """The linear probes.
+
+    Attributes:
+        folds: stratified CV folds.
+        C: inverse L2 regularisation strength.
+    """
+
+    folds: int = field(default=5, metadata=arg(type=int_range(2)))
+    C: float = field(default=1.0, metadata=arg(type=positive_float))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_texts_args(p)
     add_extract_args(p)
     add_pga_args(p, ccr="1")
-    g = p.add_argument_group("probe")
-    g.add_argument("--folds", type=int_range(2), default=5, help="stratified CV folds")
-    g.add_argument("--C", type=positive_float, default=1.0, help="inverse L2 regularisation strength")
+    add_options(p, ProbeArgs, title="probe")
     add_run_args(p, out=None)
 
 
 def run(args) -> int:
-    from dataclasses import replace
-
     from ..experiments.probes import ProbeExperiment
-    from .options import model_options_from_args, run_and_report, text_options_from_args
 
     experiment = ProbeExperiment(
         spec=args.model, texts=text_options_from_args(args), model=model_options_from_args(args),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass, field
 
-from .options import nonneg_int, positive_int, seed_int
+from .options import add_options, arg, nonneg_int, positive_int, seed_int
 
 NAME = "texts"
 HELP = "list the built-in corpora, fetch them, or preview any corpus spec"
@@ -17,32 +18,37 @@ DESCRIPTION = (
 )
 
 
+@dataclass(frozen=True)
+class TextsArgs:
+    """What ``texts`` lists, fetches or previews.
+
+    Attributes:
+        spec: corpus to preview: builtin:NAME, a file path, or hf:NAME[:CONFIG][:SPLIT].
+        fetch: fetch built-in corpora into the cache (all, or the NAMEs given).
+        force: with --fetch: rebuild even if cached.
+        limit: seeded sample of N texts.
+        seed: seed of the --limit sample.
+        split: .txt: lines|paragraphs; hf: the dataset split.
+        text_column: column holding the texts.
+        label_column: column holding the labels.
+        show: how many texts to preview.
+        width: preview line width (characters).
+    """
+
+    spec: str | None = field(default=None, metadata=arg(flag="spec", nargs="?"))
+    fetch: list[str] | None = field(default=None, metadata=arg(nargs="*", metavar="NAME"))
+    force: bool = False
+    limit: int | None = field(default=None, metadata=arg(type=positive_int))
+    seed: int = field(default=0, metadata=arg(type=seed_int))
+    split: str | None = None
+    text_column: str | None = None
+    label_column: str | None = None
+    show: int = field(default=5, metadata=arg(type=nonneg_int))
+    width: int = field(default=100, metadata=arg(type=positive_int))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "spec",
-        nargs="?",
-        default=None,
-        help="corpus to preview: builtin:NAME, a file path, or hf:NAME[:CONFIG][:SPLIT]",
-    )
-    parser.add_argument(
-        "--fetch",
-        nargs="*",
-        metavar="NAME",
-        default=None,
-        help="fetch built-in corpora into the cache (all, or the NAMEs given)",
-    )
-    parser.add_argument("--force", action="store_true", help="with --fetch: rebuild even if cached")
-    parser.add_argument("--limit", type=positive_int, default=None, help="seeded sample of N texts")
-    parser.add_argument("--seed", type=seed_int, default=0, help="seed of the --limit sample")
-    parser.add_argument(
-        "--split",
-        default=None,
-        help=".txt: lines|paragraphs; hf: the dataset split",
-    )
-    parser.add_argument("--text-column", default=None, help="column holding the texts")
-    parser.add_argument("--label-column", default=None, help="column holding the labels")
-    parser.add_argument("--show", type=nonneg_int, default=5, help="how many texts to preview")
-    parser.add_argument("--width", type=positive_int, default=100, help="preview line width (characters)")
+    add_options(parser, TextsArgs)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,27 +47,31 @@ NOT_RETRYABLE = ("LmgeomError", "ConfigError", "TextsError", "DataError", "Model
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Where and how jobs run.
+    """Where and how jobs run (also the CLI's execution option group: each ``Attributes:``
+    entry is the option's ``--help``).
 
     Attributes:
-        engine: ``local`` (this process, one job after another) or ``ray``.
-        address: Ray cluster address (``auto``, ``ray://host:10001``, ``host:6379``); ``None``:
-            ``$RAY_ADDRESS`` if set, else a private local instance.
-        cpus_per_job: CPUs a job requests (also its torch / BLAS thread count).
-        gpus_per_job: GPUs a job requests (fractions allowed, e.g. 0.5 to pack two per GPU).
-        retries: extra attempts for a failed job (bounded; 0 = none).
-        num_cpus: CPUs of a private local instance (``None``: all of this machine).
-        workers: model-holding actors of a distributed extraction (``None``: as many as the
-            cluster's CPUs (or GPUs) allow, at most one per batch).
+        engine: local: in this process, one job after another; ray: one Ray task per job on a
+            Ray cluster (pip install 'lmgeom[ray]').
+        address: Ray cluster to join (auto, host:6379, ray://host:10001; default $RAY_ADDRESS,
+            else a private local Ray instance).
+        cpus_per_job: CPUs each Ray job requests (also its torch / BLAS thread count).
+        gpus_per_job: GPUs each Ray job requests (0: CPU jobs; 0.5 packs two jobs per GPU).
+        retries: extra attempts for a failed job before it is reported as failed.
+        num_cpus: CPUs of the private local Ray instance (default: all of this machine).
+        workers: model-holding Ray actors sharing the batches of a distributed extraction
+            (default: as many as the cluster fits, at most one per batch).
     """
 
-    engine: str = "local"
-    address: str | None = None
-    cpus_per_job: float = 1.0
-    gpus_per_job: float = 0.0
-    retries: int = 2
-    num_cpus: int | None = None
-    workers: int | None = None
+    engine: str = field(default="local", metadata={"cli": {"choices": ENGINES}})
+    address: str | None = field(default=None, metadata={"cli": {"flag": "--ray-address",
+                                                                 "metavar": "ADDR"}})
+    cpus_per_job: float = field(default=1.0, metadata={"cli": {"type": "positive_float"}})
+    gpus_per_job: float = field(default=0.0, metadata={"cli": {"type": "nonneg_float"}})
+    retries: int = field(default=2, metadata={"cli": {"type": "nonneg_int"}})
+    num_cpus: int | None = field(default=None, metadata={"cli": {"flag": "--ray-num-cpus",
+                                                                  "type": "positive_int"}})
+    workers: int | None = field(default=None, metadata={"cli": {"type": "positive_int"}})
 
     def __post_init__(self) -> None:
         eng = normalize_engine(self.engine)
@@ -97,10 +101,8 @@ class EngineConfig:
 
 
 def normalize_engine(name: str) -> str:
-    """``local`` / ``ray``; ``serial`` is accepted as the old name of ``local``."""
+    """``local`` / ``ray`` (case and surrounding blanks ignored)."""
     n = str(name).strip().lower()
-    if n == "serial":
-        n = "local"
     if n not in ENGINES:
         raise ConfigError(f"unknown engine {name!r}; available: {', '.join(ENGINES)}")
     return n

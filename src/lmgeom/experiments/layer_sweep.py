@@ -362,9 +362,5 @@ def pga_rows(model, acts, config: LayerSweepConfig, *, revision: str = ""):
     return summary, table.frame(tidy)
 
 
-#: the old name (before 0.2) of :class:`LayerSweepConfig`
-SweepConfig = LayerSweepConfig
-
-
 __all__ = ["LayerSweepConfig", "LowSampleNotes", "config_dict", "layer_metrics", "layer_rows",
            "layer_span", "model_basis", "parse_ccr", "parse_pairs", "pga_rows", "run_layer_sweep"]
