@@ -145,19 +145,71 @@ def smollm():
 
 # --- tests by kind ----------------------------------------------------------------------------
 
-#: whole modules that are end to end: every test runs real ``lmgeom`` processes, a Ray
-#: instance, or a training run
+#: whole modules that are end to end: real ``lmgeom`` processes, Ray, the bundled model, or a
+#: forward pass per architecture in every test
 E2E_MODULES = {
     "test_real_model": "loads the bundled smollm2-135m",
     "test_ray": "starts a local Ray instance",
     "test_ray_cluster": "starts a Ray cluster",
     "test_faults": "runs real lmgeom processes (Ctrl-C, full disks, races)",
     "test_reliability": "runs real lmgeom processes (interrupts, concurrent runs)",
+    "test_padding": "every architecture x padding side, real forward passes (~4 min)",
+    "test_peers": "agreement with transformers and reptrix on every family (~3 min)",
 }
 
-#: single tests measured over ~2 s on a 2-core machine (``pytest --durations=30``), by
-#: ``module::function`` (all parametrisations); a renamed test falls back to the rules below
-E2E_TESTS: dict[str, str] = {}
+#: tests measured over 1 s on a shared 2-core machine (any parametrisation; whole runs of the
+#: CLI, reports, training, every-family forward checks), by module and function name. A new slow
+#: test: add it here (``pytest -m unit --durations=20`` finds it); a renamed one falls back to
+#: the rules below.
+E2E_TESTS: dict[str, tuple[str, ...]] = {
+    "test_bad_input": ("test_empty_corpus", "test_out_of_disk_while_writing_the_cache",
+        "test_output_folder_of_a_different_run", "test_single_class_probe",
+        "test_truncation_is_reported",),
+    "test_cli": ("test_converge_cli_on_two_tiny_architectures",),
+    "test_dispersion_experiments": ("test_attach_adds_a_dispersion_section_to_an_analyze_run",
+        "test_cli_dispersion_end_to_end", "test_cli_hardness_and_clusters",
+        "test_cluster_dispersion_matches_explicit_states",
+        "test_measure_chunks_matches_transformers",),
+    "test_extract": ("test_mean_pooling_definition",
+        "test_tokens_pooling_is_a_seeded_sample_without_position_0",),
+    "test_hostile_inputs": ("test_edited_corpus_recomputes",
+        "test_overwrite_removes_only_the_runs_own_files",
+        "test_rerun_refuses_before_work_when_the_table_was_edited_by_hand",
+        "test_weights_replaced_in_place_recompute",),
+    "test_hostile_stats": ("test_analyze_with_few_texts_skips_probes_and_keeps_the_run",
+        "test_cli_few_null_draws_warned_and_flagged", "test_few_null_draws_warn_and_flag",),
+    "test_knnlm": ("test_cli_knnlm_select_end_to_end",
+        "test_lambda_zero_equals_the_base_perplexity_exactly",
+        "test_pipeline_matches_brute_force_on_a_tiny_model",),
+    "test_losses": ("test_trainer_integration_runs_and_adds_the_term",),
+    "test_metrics_pga_batched": ("test_float32_levels_within_documented_tolerance",),
+    "test_metrics_properties": ("test_pga_invariant_to_scale_and_rotation",),
+    "test_models_arch": ("test_padding_never_leaks", "test_residual_points_match_hidden_states",
+        "test_sublayer_points_sum_to_block_update",),
+    "test_per_item": ("test_analyze_log_samples_one_row_per_text",
+        "test_analyze_token_pooling_probes_use_each_rows_text_label",
+        "test_hardness_and_dispersion_log_samples", "test_model_args_reach_the_loader",
+        "test_per_token_nll_streams_and_sums_to_the_text_nll",),
+    "test_perplexity": ("test_cli_ppl_writes_table", "test_forward_cache_resumes_after_a_crash",
+        "test_forward_chunks_reducers_match_hidden_states", "test_matches_transformers_loss",
+        "test_nll_sum_matches_explicit_log_softmax",
+        "test_padding_and_chunking_do_not_change_values", "test_sliding_window_matches_hf_recipe",),
+    "test_report": ("test_bad_inputs_raise_typed_errors", "test_dollar_signs_do_not_break_plots",
+        "test_layer_axis_order_and_ticks", "test_null_band_and_ci_bands",
+        "test_panels_per_model_and_log_scale", "test_plots_written_as_valid_png_and_svg",
+        "test_sections_only_when_metrics_exist", "test_two_models_share_tables",
+        "test_unknown_metrics_and_csv_round_trip", "test_write_report_structure",),
+    "test_select": ("test_agreement_within_each_suite_width", "test_cli_select_across_families",
+        "test_cli_select_suite_known_gap_order",),
+    "test_suite": ("test_micro_suite_saves_loadable_checkpoints",
+        "test_resume_after_interruption_is_bit_identical",),
+    "test_sweep": ("test_identical_weights_warned_in_sweep", "test_sweep_rerun_reuses_jobs",
+        "test_sweep_rows_per_width_and_step",),
+    "test_texts": ("test_autofetch_on_load_and_repair", "test_builtin_code_parses",
+        "test_fetch_download_failure",),
+    "test_train": ("test_full_finetune_end_to_end", "test_lora_compare_cross_domain",
+        "test_resume_continues_exactly",),
+}
 
 #: source of a test function that makes it end to end
 _E2E_SOURCE = re.compile(
@@ -166,11 +218,10 @@ _E2E_SOURCE = re.compile(
 
 def _e2e_reason(item: pytest.Item) -> str | None:
     module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
-    name = f"{module}::{getattr(item, 'originalname', item.name)}"
     if module in E2E_MODULES:
         return E2E_MODULES[module]
-    if name in E2E_TESTS:
-        return E2E_TESTS[name]
+    if getattr(item, "originalname", item.name) in E2E_TESTS.get(module, ()):
+        return "measured over 1 s"
     if "smollm" in getattr(item, "fixturenames", ()):
         return "uses the bundled smollm2-135m"
     if item.get_closest_marker("slow") or item.get_closest_marker("browser"):

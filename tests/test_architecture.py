@@ -5,6 +5,7 @@ from another module, thin commands, and ``python -m lmgeom`` = the ``lmgeom`` sc
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -180,19 +181,25 @@ def test_every_lmgeom_import_resolves():
         if name is None or name == "*":
             continue
         src = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
-        tree = ast.parse(src.read_text())
-        defined = set()
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                defined.add(node.name)
-            elif isinstance(node, ast.Assign):
-                defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                defined.add(node.target.id)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                defined.add(node.value)  # names listed in a lazy ``_LAZY`` map / ``__all__``
-        if name not in defined:
+        if name not in _defined_names(src):
             bad.append(f"{path.relative_to(SRC)}:{line}: {target} has no {name}")
     assert not bad, "unresolved imports:\n" + "\n".join(bad)
+
+
+@functools.cache
+def _defined_names(src: Path) -> frozenset[str]:
+    """Names a module defines or imports, plus its string constants (a lazy ``_LAZY`` map or
+    ``__all__``); parsed once per module."""
+    defined: set[str] = set()
+    for node in ast.walk(ast.parse(src.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            defined.add(node.value)
+    return frozenset(defined)
