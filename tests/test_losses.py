@@ -254,7 +254,6 @@ def _collate(rows):
 
 
 def test_trainer_integration_runs_and_adds_the_term(tiny_dir, tmp_path):
-    pytest.importorskip("accelerate")
     from transformers import TrainingArguments
 
     from lmgeom.training import DispersionTrainer
