@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..experiments.finetune import ARMS, DEFAULT_LR, LORA_DEFAULTS
 from .options import (
     add_model_args,
     float_range,
@@ -27,7 +26,7 @@ DESCRIPTION = (
     "L2-normalised token states at --layer (default final: after the final norm), within the "
     "batch (--aux-mode within) or between the tokens of two domains (--aux-mode cross, with "
     "--texts repeated: every batch holds both domains). Full parameters (--full) or LoRA "
-    f"(--lora, the default; rank {LORA_DEFAULTS['r']}, alpha {LORA_DEFAULTS['alpha']}, all "
+    "(--lora, the default; rank --lora-r, alpha --lora-alpha, all "
     "linear layers of the blocks). Held-out perplexity and token-level dispersion are measured "
     "before, every --eval-every steps and after, on the held-out split of each --texts corpus "
     "and on every --eval-texts corpus. --compare trains none / push-away / squeeze with the "
@@ -39,6 +38,8 @@ DESCRIPTION = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..experiments.finetune import ARMS, DEFAULT_LR, LORA_DEFAULTS  # heavy: not for --help
+
     add_model_args(p)
     g = p.add_argument_group("data")
     g.add_argument("--texts", action="append", default=None, metavar="SPEC",
@@ -112,7 +113,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args):
     from ..errors import ConfigError
-    from ..experiments.finetune import FinetuneConfig
+    from ..experiments.finetune import ARMS, FinetuneConfig
 
     if args.dtype == "float16":
         raise ConfigError("--dtype float16 is not supported for training; use float32 or "

@@ -296,7 +296,7 @@ def run_jobs(
     :class:`~lmgeom.engines.base.EngineConfig`), then recorded; the other jobs go on.
 
     Args:
-        engine: ``local`` (in this process; ``serial`` is the old name), ``ray``, or an
+        engine: ``local`` (in this process), ``ray``, or an
             :class:`~lmgeom.engines.base.EngineConfig` (Ray address, CPUs / GPUs per job,
             retries). Both engines call :func:`sweep_job` with the same arguments, so they give
             the same numbers; each finished job's rows are written to the cache as soon as it
