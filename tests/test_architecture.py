@@ -203,3 +203,21 @@ def _defined_names(src: Path) -> frozenset[str]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             defined.add(node.value)
     return frozenset(defined)
+
+
+def test_e2e_lists_name_real_tests():
+    """``conftest.E2E_TESTS`` / ``E2E_MODULES`` name tests by string: a renamed or deleted test
+    would silently become a unit test (or the list would rot). Every name must exist."""
+    import importlib.util
+
+    here = Path(__file__).parent
+    spec = importlib.util.spec_from_file_location("_conftest_probe", here / "conftest.py")
+    conf = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(conf)
+    for module in conf.E2E_MODULES:
+        assert (here / f"{module}.py").is_file(), module
+    for module, names in conf.E2E_TESTS.items():
+        src = (here / f"{module}.py").read_text()
+        for name in names:
+            assert f"def {name}(" in src, f"{module}.{name} no longer exists"
