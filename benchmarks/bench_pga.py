@@ -177,32 +177,25 @@ def run(profile: str = "quick") -> list[dict]:
 
 def _kernel_frame(P: int):
     """One frame's Spearman through the compiled kernel (a distance vector of P values
-    correlated with a random reference), or None without numba."""
-    from lmgeom.metrics._rank import RankReference, Sorter
-    from lmgeom.metrics._rank_kernel import SpearmanKernel, kernel_available
+    correlated with a random reference), as the CPU worker runs it."""
+    from lmgeom.metrics._cpu_worker import CpuWorker
 
-    if not kernel_available():
-        return None
     rng = np.random.default_rng(1)
     a = rng.random(P)
     d = 0.5 * a + 0.5 * rng.random(P)
-    ref = RankReference(a, Sorter(P))
-    kern, iota, fo = SpearmanKernel(P), np.arange(P), ref.order.astype(np.int64)
-    args = (ref.S, d, iota, ref.positions32(), fo, 0.0, 1.0, *ref.centred2())
-    kern.spearman(*args)  # compiled / loaded from numba's cache outside the timing
-    return lambda: kern.spearman(*args)
+    w = CpuWorker(P, None)
+    ref = w.reference(a, "x")
+    w.spearman(ref, d, "x")  # compiled / loaded from numba's cache outside the timing
+    return lambda: w.spearman(ref, d, "x")
 
 
 def sort_floor_rows() -> list[dict]:
-    """The ranking floor: one sort of P distinct 63-bit keys (what every null frame's Spearman
-    needs) by numpy and by torch (one thread, as inside the null loop), of P 29-bit int32
-    keys by torch (the torch path), and one frame's whole Spearman through the compiled
-    kernel (what the null loop runs per frame and level), best of 5, at the pair
-    counts of analyze's default (N = 512) and of the N = 2000 exact rows; and the backend
-    lmgeom measured for this process (``lmgeom.metrics._rank.sort_backend``)."""
+    """The ranking floor: one sort of P int32 keys by numpy and by torch (one thread, as
+    inside the null loop), against one frame's whole Spearman through the compiled kernel
+    (keys, radix sort, runs of equal keys, exact numerator: what the null loop runs per frame
+    and level), best of 5, at the pair counts of analyze's default (N = 512) and of the
+    N = 2000 exact rows."""
     import torch
-
-    from lmgeom.metrics._rank import sort_backend
 
     rows = []
     prev = torch.get_num_threads()
@@ -210,36 +203,23 @@ def sort_floor_rows() -> list[dict]:
     try:
         for n in (512, 2000):
             P = n * (n - 1) // 2
-            keys = np.random.default_rng(0).integers(0, 1 << 62, P, dtype=np.int64)
+            keys = np.random.default_rng(0).integers(0, 1 << 30, P, dtype=np.int32)
             tk = torch.from_numpy(keys)
-            # the exact mode's int32 distance keys (KeySorter): 29-bit keys, int64 positions
-            tk32 = torch.from_numpy((keys >> 33).astype(np.int32))
-            times = {}
-            fns = [("numpy ndarray.sort", lambda keys=keys: np.sort(keys)),
-                   ("torch.sort (1 thread)", lambda tk=tk: torch.sort(tk)),
-                   ("torch.sort int32 keys (1 thread; the torch path)",
-                    lambda tk32=tk32: torch.sort(tk32))]
-            kern = _kernel_frame(P)
-            if kern is not None:
-                fns.append((("compiled rank kernel: a frame's whole Spearman (keys, radix sort, "
-                             "runs, exact numerator)"), kern))
+            fns = [("numpy sort of int32 keys", lambda keys=keys: np.sort(keys)),
+                   ("torch.sort of int32 keys (1 thread)", lambda tk=tk: torch.sort(tk)),
+                   ("compiled rank kernel: a frame's whole Spearman", _kernel_frame(P))]
             for name, fn in fns:
                 best = float("inf")
                 for _ in range(5):
                     t = time.perf_counter()
                     fn()
                     best = min(best, time.perf_counter() - t)
-                times[name] = best
                 rows.append({"bench": "pga", "name": f"rank floor: {name}", "N": n,
                              "seconds": best, "z": float("nan"), "ratio_vs_naive": float("nan"),
-                             "notes": f"one sort of {P:,} keys; x {N_NULL} nulls on 2 cores = "
+                             "notes": f"{P:,} values; x {N_NULL} nulls on 2 cores = "
                                       f"{best * N_NULL / 2:.2f} s wall at best"})
     finally:
         torch.set_num_threads(prev)
-    rows.append({"bench": "pga", "name": "rank floor: backend chosen here", "N": "",
-                 "seconds": float("nan"), "z": float("nan"), "ratio_vs_naive": float("nan"),
-                 "notes": f"sort_backend() = {sort_backend()!r} (measured once per process; "
-                          "LMGEOM_SORT=numpy|torch overrides)"})
     return rows
 
 
