@@ -265,7 +265,7 @@ def test_worker_threads_do_not_change_results():
 
 
 def test_torch_engine_matches_numpy_engine(data):
-    torch = pytest.importorskip("torch")
+    import torch
     X, V = data
     Xd = X.copy()
     Xd[7] = Xd[2]
@@ -279,7 +279,7 @@ def test_torch_engine_matches_numpy_engine(data):
 
 
 def test_device_and_worker_options(data):
-    torch = pytest.importorskip("torch")
+    import torch
     X, V = data
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="cuda"):
@@ -296,7 +296,7 @@ def test_device_and_worker_options(data):
 
 
 def test_accepts_torch_half_precision_input(data):
-    torch = pytest.importorskip("torch")
+    import torch
     X, V = data
     res = M.subspace_pga(torch.tensor(X, dtype=torch.bfloat16), V, n_null=4)
     assert np.isfinite(res.z)
@@ -443,7 +443,7 @@ def test_readout_basis_matches_svd():
 
 
 def test_readout_basis_accepts_torch_bfloat16():
-    torch = pytest.importorskip("torch")
+    import torch
     rng = np.random.default_rng(6)
     W = rng.standard_normal((100, 16))
     Wt = torch.tensor(W, dtype=torch.bfloat16)

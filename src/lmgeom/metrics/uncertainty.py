@@ -96,10 +96,21 @@ def quantile_overlap(score: Any, reference: Any, quantile: float = 0.1, *, n_per
     null = np.array([top_ppl[rng.permutation(n)[:k]].mean() for _ in range(n_perm)])
     return observed, null, k
 
-__all__ = ["BootstrapResult", "CorrelationResult", "bootstrap_ci", "correlation_interval",
-           "Agreement", "MIN_N_CI", "chunk_ci", "correlation_with_ci", "rank_agreement",
-           "ranks_desc", "mean_interval", "paired_chunk_delta",
-           "quantile_overlap"]
+__all__ = [
+    "MIN_N_CI",
+    "Agreement",
+    "BootstrapResult",
+    "CorrelationResult",
+    "bootstrap_ci",
+    "chunk_ci",
+    "correlation_interval",
+    "correlation_with_ci",
+    "mean_interval",
+    "paired_chunk_delta",
+    "quantile_overlap",
+    "rank_agreement",
+    "ranks_desc",
+]
 
 
 @dataclass(frozen=True)
