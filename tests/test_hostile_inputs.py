@@ -624,3 +624,27 @@ def test_changing_the_cache_forgets_nothing(tmp_path, monkeypatch):
     assert written_by_lmgeom(run / "manifest.json")
     prepare_out_dir(run, "sig2", overwrite=True)
     assert not (run / "manifest.json").exists()
+
+
+def test_extract_hf_never_replaces_a_run_folder_of_lmgeoms(tmp_path, tiny_path, corpus, capsys,
+                                                            monkeypatch):
+    """An lmgeom run folder (all its files lmgeom's) is still not a dataset: `extract --format hf`
+    must not replace it."""
+    from lmgeom._io import write_json
+    from lmgeom.results.folder import prepare_out_dir
+
+    run = prepare_out_dir(tmp_path / "run", "sig")
+    write_json(run / "manifest.json", {"command": "analyze"})
+    before = _tree(run)
+    _no_model(monkeypatch)
+    assert main(_extract(tiny_path, corpus, run, "--format", "hf")) == 2
+    assert "does not hold a saved dataset" in _error_line(capsys)
+    assert _tree(run) == before
+
+
+@pytest.mark.parametrize("out", ["/proc/lmgeom-out", "/sys/lmgeom/x"])
+def test_an_unwritable_out_is_named_as_such(out, tiny_path, corpus, capsys, monkeypatch):
+    _no_model(monkeypatch)
+    assert main(_extract(tiny_path, corpus, out)) == 2
+    line = _error_line(capsys)
+    assert "another lmgeom run" not in line and "--out" in line

@@ -138,6 +138,12 @@ def acquire_output_lock(path: str | Path, *, option: str = "--out") -> str:
         except OSError as exc:
             raise CacheError(f"cannot create the folder of {option} {path} ({lock_path.parent}): "
                              f"{exc.strerror or exc}; choose another {option}") from exc
+        try:  # an unwritable folder must not read as "another run holds the lock"
+            os.close(os.open(key, os.O_RDWR | os.O_CREAT, 0o666))
+        except OSError as exc:
+            raise CacheError(f"cannot write in the folder of {option} {path} "
+                             f"({lock_path.parent}: {exc.strerror or exc}); choose a writable "
+                             f"{option}") from exc
         lock = FileLock(key)
         try:
             lock.acquire(timeout=0)
@@ -212,6 +218,10 @@ def check_output_path(path: str | Path, *, option: str = "--out", kind: str = "f
                 raise CacheError(f"{option} {path} already holds files lmgeom did not write "
                                  f"(e.g. {foreign[0].relative_to(p)}); lmgeom only replaces its "
                                  f"own output: choose a new path for {option}")
+        if p.is_dir() and any(p.iterdir()) and not (p / "dataset_info.json").is_file():
+            raise CacheError(f"{option} {path} is a folder that does not hold a saved dataset "
+                             "(no dataset_info.json); lmgeom replaces only a dataset it wrote "
+                             f"there: choose a new path for {option}")
     return p
 
 
