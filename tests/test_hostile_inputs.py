@@ -648,3 +648,22 @@ def test_an_unwritable_out_is_named_as_such(out, tiny_path, corpus, capsys, monk
     assert main(_extract(tiny_path, corpus, out)) == 2
     line = _error_line(capsys)
     assert "another lmgeom run" not in line and "--out" in line
+
+
+def test_record_tree_never_adopts_a_file_left_there_before(tmp_path):
+    """The suite / fine-tuning record what they wrote with ``record_tree(since_ns=start)``: a
+    user's file already in the folder stays foreign, so a later --overwrite keeps it."""
+    from lmgeom._io import record_tree, remove_written, written_by_lmgeom
+
+    (tmp_path / "notes.txt").write_text("mine")
+    old = time.time_ns() - 10**9
+    os.utime(tmp_path / "notes.txt", ns=(old, old))
+    time.sleep(0.01)
+    start = time.time_ns()
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "w.bin").write_bytes(b"weights")
+    record_tree(tmp_path, since_ns=start)
+    assert written_by_lmgeom(tmp_path / "ckpt" / "w.bin")
+    assert not written_by_lmgeom(tmp_path / "notes.txt")
+    removed, kept = remove_written(tmp_path)
+    assert removed == 1 and kept == [tmp_path / "notes.txt"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from .errors import ConfigError
 
@@ -45,38 +46,32 @@ def env_float(name: str, default: float, *, minimum: float | None = None,
         ConfigError: not a number, not finite, or outside ``[minimum, maximum]``; the message
             names the variable, the value, what it accepts and how to fix it.
     """
-    text = _raw(name)
-    if text is None:
-        return default
-    what = f" ({meaning})" if meaning else ""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or (minimum is not None and value < minimum) or (
-            maximum is not None and value > maximum):
-        raise ConfigError(f"environment variable {name}={os.environ[name]!r} is not a number "
-                          f"{_bounds(minimum, maximum)}{what}; set it to one (default "
-                          f"{default:g}) or unset it")
-    return value
+    return _env_number(name, default, float, "a number", f"{default:g}", minimum, maximum,
+                       meaning)
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None,
             maximum: int | None = None, meaning: str = "") -> int:
     """``int($name)``, ``default`` when unset or blank (raises like :func:`env_float`)."""
+    return _env_number(name, default, int, "an integer", str(default), minimum, maximum,
+                       meaning)
+
+
+def _env_number(name: str, default: Any, parse: Any, kind: str, shown: str,
+                minimum: Any, maximum: Any, meaning: str) -> Any:
     text = _raw(name)
     if text is None:
         return default
-    what = f" ({meaning})" if meaning else ""
     try:
-        value = int(text)
+        value = parse(text)
     except ValueError:
         value = None
-    if value is None or (minimum is not None and value < minimum) or (
-            maximum is not None and value > maximum):
-        raise ConfigError(f"environment variable {name}={os.environ[name]!r} is not an integer "
+    if value is None or not math.isfinite(value) or (minimum is not None and value < minimum) \
+            or (maximum is not None and value > maximum):
+        what = f" ({meaning})" if meaning else ""
+        raise ConfigError(f"environment variable {name}={os.environ[name]!r} is not {kind} "
                           f"{_bounds(minimum, maximum)}{what}; set it to one (default "
-                          f"{default}) or unset it")
+                          f"{shown}) or unset it")
     return value
 
 

@@ -193,11 +193,18 @@ def record_written(path: str | os.PathLike[str]) -> None:
         logging.getLogger(__name__).debug("could not record %s as written", path, exc_info=True)
 
 
-def record_tree(folder: str | os.PathLike[str]) -> None:
-    """:func:`record_written` for every file under ``folder`` (a tree lmgeom just wrote)."""
+def record_tree(folder: str | os.PathLike[str], *, since_ns: int | None = None) -> None:
+    """:func:`record_written` for every file under ``folder`` that lmgeom just wrote there:
+    with ``since_ns`` (a ``time.time_ns()`` taken when the writing began) only files changed
+    since then, so a file a user left in the folder beforehand never becomes lmgeom's."""
     for p in Path(folder).rglob("*"):
-        if p.is_file() and not p.is_symlink():
-            record_written(p)
+        if not p.is_file() or p.is_symlink():
+            continue
+        if since_ns is not None:
+            st = p.stat()
+            if max(st.st_mtime_ns, st.st_ctime_ns) < since_ns:
+                continue
+        record_written(p)
 
 
 def written_by_lmgeom(path: str | os.PathLike[str]) -> bool:

@@ -116,15 +116,14 @@ def export_paths(out: str | os.PathLike[str], format: str) -> list[Path]:
 def claim_export(out: str | os.PathLike[str], format: str, *, option: str = "--out"):
     """Check the export's output paths (never a file or folder lmgeom did not write, never the
     cache / current folder / home) and lock them against a second run until the block ends."""
-    from ..results.folder import check_output_path, claim_output
+    from ..results.folder import acquire_output_lock, check_output_path, release_output_lock
 
     kind = "folder" if format == "hf" else "file"
-    paths = export_paths(out, format)
-    for p in paths:  # every path checked before any is locked
-        check_output_path(p, option=option, kind=kind)
+    paths = [check_output_path(p, option=option, kind=kind)  # all checked before any is locked
+             for p in export_paths(out, format)]
     with contextlib.ExitStack() as stack:
         for p in paths:
-            stack.enter_context(claim_output(p, option=option, kind=kind))
+            stack.callback(release_output_lock, acquire_output_lock(p, option=option))
         yield
 
 

@@ -838,10 +838,11 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike[str], *, overwrite: boo
         "model": model_fingerprint(cfg.model),
         "texts": {t: source_fingerprint(t) for t in (*cfg.texts, *cfg.eval_texts)}}}
     with RunFolder.create(out, "train", signed, overwrite=overwrite) as folder:
+        t_start_ns = time.time_ns()
         try:
             return _finetune(cfg, folder)
         finally:
-            record_tree(folder.path)  # checkpoints and saved models are lmgeom's (--overwrite)
+            record_tree(folder.path, since_ns=t_start_ns)  # what this run wrote (--overwrite)
 
 
 def _finetune(cfg: FinetuneConfig, folder) -> FinetuneResult:

@@ -728,6 +728,7 @@ def train_suite(
     from ..results.folder import acquire_output_lock, release_output_lock
 
     lock = acquire_output_lock(root)  # beside the folder, as every lmgeom output
+    t_start_ns = time.time_ns()
     try:
         _check_folder(root, config, overwrite)
     except BaseException:
@@ -758,7 +759,7 @@ def train_suite(
     finally:
         from .._io import record_tree
 
-        record_tree(root)  # everything in the suite folder is lmgeom's (for --overwrite)
+        record_tree(root, since_ns=t_start_ns)  # what this call wrote (for --overwrite)
         torch.set_num_threads(prev_threads)
         release_output_lock(lock)
     return manifest
