@@ -1,9 +1,8 @@
 """The ``LMGEOM_*`` environment variables, read in one place.
 
-Every numeric or enumerated variable is parsed here (:func:`env_int`, :func:`env_float`,
-:func:`env_choice`), so a bad value (``LMGEOM_FRAME_CACHE_MB=abc``) is a
-:class:`~lmgeom.errors.ConfigError` that names the variable and what it accepts, never a silent
-fallback or a ``ValueError`` from deep inside a run. :func:`check_environment` reads them all;
+Every numeric variable is parsed here (:func:`env_int`, :func:`env_float`), so a bad value
+(``LMGEOM_FRAME_CACHE_MB=abc``) is a :class:`~lmgeom.errors.ConfigError` that names the variable
+and what it accepts, never a silent fallback or a ``ValueError`` from deep inside a run. :func:`check_environment` reads them all;
 the CLI calls it before any work.
 
 Free-form variables (paths, flags) are read where they are used: ``LMGEOM_CACHE`` (checked by
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
 from typing import Any
 
 from .errors import ConfigError
@@ -75,21 +73,6 @@ def _env_number(name: str, default: Any, parse: Any, kind: str, shown: str,
     return value
 
 
-def env_choice(name: str, choices: Sequence[str], default: str = "", *,
-               meaning: str = "") -> str:
-    """``$name`` lower-cased and stripped, which must be one of ``choices`` (``default`` when
-    unset or blank)."""
-    text = _raw(name)
-    if text is None:
-        return default
-    value = text.lower()
-    if value not in choices:
-        what = f" ({meaning})" if meaning else ""
-        raise ConfigError(f"environment variable {name}={os.environ[name]!r} is not one of "
-                          f"{', '.join(choices)}{what}; set it to one or unset it")
-    return value
-
-
 # ----------------------------------------------------------------------- the variables
 
 def frame_cache_mb() -> float:
@@ -104,7 +87,7 @@ def hold_seconds() -> float:
 
 
 def check_environment() -> None:
-    """Parse every numeric / enumerated ``LMGEOM_*`` variable now (the CLI calls this before
+    """Parse every numeric ``LMGEOM_*`` variable now (the CLI calls this before
     any work), so a bad value fails at once with a message naming the variable."""
     frame_cache_mb()
     hold_seconds()
