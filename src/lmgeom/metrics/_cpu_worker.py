@@ -168,10 +168,9 @@ class CpuWorker:
                 S = P * (P * P - 1.0) / 12.0 - got[1] / 12.0
                 return (got[0] / 4.0) / math.sqrt(ref.S * S)
         else:
-            cf2, tied = ref.centred2()
             kern = self._kernel(ref.P)
-            got = kern.numerator(self._gram(Y, layout), gidx, ref.posf, fo, 1.0, -1.0, cf2,
-                                 tied, int(ref.tie_pos.size))
+            got = kern.numerator(self._gram(Y, layout), gidx, ref.posf, fo, 1.0, -1.0, ref.cf2,
+                                 ref.tied, int(ref.tie_pos.size))
             if got is not None and not isinstance(got, str):
                 return kern.rho(ref.S, *got)
         raise self._failed(got, "in a null frame")
@@ -229,8 +228,7 @@ class CpuWorker:
         """Spearman of the distance vector ``d`` (float64, pairs in the reference's order)
         against the reference."""
         kern = self._kernel(ref.P)
-        cf2, tied = ref.centred2()
-        got = kern.numerator(d, kern.iota(), ref.posf, ref.order, 0.0, 1.0, cf2, tied,
+        got = kern.numerator(d, kern.iota(), ref.posf, ref.order, 0.0, 1.0, ref.cf2, ref.tied,
                              int(ref.tie_pos.size))
         if got is None or isinstance(got, str):
             raise self._failed(got, what)

@@ -32,41 +32,40 @@ class TorchWorker:
         self.label = label
         self._cache: dict[int, Any] = {}
 
+    def _t(self, a: Any, dtype: Any = None) -> Any:
+        """``a`` as a tensor on the device (float64 unless ``dtype``); None stays None."""
+        if a is None:
+            return None
+        return self.torch.as_tensor(np.ascontiguousarray(a), device=self.device,
+                                    dtype=self.torch.float64 if dtype is None else dtype)
+
     def asarray(self, A: np.ndarray) -> Any:
-        key = id(A)
-        hit = self._cache.get(key)
+        hit = self._cache.get(id(A))
         if hit is not None and hit[0] is A:
             return hit[1]
-        t = self.torch.as_tensor(np.ascontiguousarray(A), dtype=self.torch.float64, device=self.device)
-        self._cache[key] = (A, t)
+        t = self._t(A)
+        self._cache[id(A)] = (A, t)
         return t
 
-    def project(self, Xu: np.ndarray, Q: np.ndarray | None, *, scale: float, what: str) -> Any:
-        torch = self.torch
-        Xt = self.asarray(Xu)
-        # torch.tensor copies: cached null frames are read-only numpy arrays (shared across calls)
-        Y = Xt.clone() if Q is None else Xt @ torch.tensor(Q, dtype=torch.float64, device=self.device)
-        norms = torch.linalg.vector_norm(Y, dim=1)
-        bad = torch.nonzero(~(norms > ZERO_RTOL * scale)).flatten()
+    def _unit(self, Y: Any, scale: float, what: str) -> Any:
+        norms = self.torch.linalg.vector_norm(Y, dim=1)
+        bad = self.torch.nonzero(~(norms > ZERO_RTOL * scale)).flatten()
         if bad.numel():
             raise zero_rows_error(bad.cpu().numpy(), Y.shape[0], what, self.label)
         return Y / norms[:, None]
 
+    def project(self, Xu: np.ndarray, Q: np.ndarray | None, *, scale: float, what: str) -> Any:
+        Xt = self.asarray(Xu)
+        # torch.tensor copies: cached null frames are read-only numpy arrays (shared across calls)
+        Y = Xt.clone() if Q is None else \
+            Xt @ self.torch.tensor(Q, dtype=self.torch.float64, device=self.device)
+        return self._unit(Y, scale, what)
+
     def backend(self, Xtop: np.ndarray, T: np.ndarray | None, Ptop: np.ndarray | None) -> tuple:
-        torch = self.torch
-
-        def t(a: Any) -> Any:
-            if a is None:
-                return None
-            return torch.as_tensor(np.ascontiguousarray(a), dtype=torch.float64,
-                                   device=self.device)
-
-        return t(Xtop), t(T), t(Ptop)
+        return self._t(Xtop), self._t(T), self._t(Ptop)
 
     def project_batch(self, be: tuple, chunk: list[np.ndarray]) -> tuple:
-        torch = self.torch
-        Qc = torch.as_tensor(np.concatenate(chunk, axis=1), dtype=torch.float64,
-                             device=self.device)
+        Qc = self._t(np.concatenate(chunk, axis=1))
         return be[0] @ Qc, (None if be[2] is None else be[2] @ Qc)
 
     def level_rows(self, be: tuple, Yc: Any, PQ: Any, b: int, k: int, m: int, mt: int, *,
@@ -74,37 +73,22 @@ class TorchWorker:
         Y = Yc[:, b * k:(b + 1) * k]
         if m != mt:
             Y = Y + be[1][:, m:mt] @ PQ[m:mt, b * k:(b + 1) * k]
-        norms = self.torch.linalg.vector_norm(Y, dim=1)
-        bad = self.torch.nonzero(~(norms > ZERO_RTOL * scale)).flatten()
-        if bad.numel():
-            raise zero_rows_error(bad.cpu().numpy(), Y.shape[0], what, self.label)
-        return Y / norms[:, None]
+        return self._unit(Y, scale, what)
 
     def _layout_tensors(self, layout: Layout) -> dict:
         key = str(self.device)
         c = layout._torch_cache.get(key)
-        if c is not None:
-            return c
-        torch = self.torch
+        if c is None:
+            def T(a: Any) -> Any:
+                return a if not isinstance(a, np.ndarray) else \
+                    self._t(a, self.torch.bool if a.dtype == bool else self.torch.int64)
 
-        def T(a: Any) -> Any:
-            if a is None:
-                return None
-            dt = torch.bool if a.dtype == bool else torch.int64
-            return torch.as_tensor(np.asarray(a), dtype=dt, device=self.device)
-
-        c = {
-            "blocks": [
-                {
-                    "r0": b.r0, "r1": b.r1, "s0": b.s0, "s1": b.s1,
-                    "mask": T(b.mask), "uu": T(b.uu), "uinv": T(b.uinv),
-                    "cols": T(b.cols), "flat": T(b.flat),
-                }
-                for b in layout.blocks
-            ],
-            "a": T(layout.a), "b": T(layout.b), "expand": T(layout.expand), "same": T(layout.same),
-        }
-        layout._torch_cache[key] = c
+            c = layout._torch_cache[key] = {
+                "blocks": [{f: T(getattr(b, f)) for f in
+                            ("r0", "r1", "s0", "s1", "mask", "uu", "uinv", "cols", "flat")}
+                           for b in layout.blocks],
+                **{f: T(getattr(layout, f)) for f in ("a", "b", "expand", "same")},
+            }
         return c
 
     def distances(self, layout: Layout, Yu: Any, slot: int = 0) -> Any:
@@ -124,16 +108,15 @@ class TorchWorker:
                 out[b["s0"]:b["s1"]] = G[b["mask"]]
         else:
             L = int(layout.a.size)
-            tmp = out if c["expand"] is None else torch.empty(L, dtype=torch.float64, device=self.device)
+            tmp = out if c["expand"] is None else \
+                torch.empty(L, dtype=torch.float64, device=self.device)
             if kind == "gram":
                 for b in c["blocks"]:
-                    if b["s1"] == b["s0"]:
-                        continue
-                    G = Yu[b["r0"]:b["r1"]] @ Yu[: b["r1"]].T
-                    tmp[b["s0"]:b["s1"]] = G.reshape(-1)[b["flat"]]
+                    if b["s1"] > b["s0"]:
+                        G = Yu[b["r0"]:b["r1"]] @ Yu[: b["r1"]].T
+                        tmp[b["s0"]:b["s1"]] = G.reshape(-1)[b["flat"]]
             else:
-                a, bb = c["a"], c["b"]
-                step = 1 << 16
+                a, bb, step = c["a"], c["b"], 1 << 16
                 for c0 in range(0, L, step):
                     tmp[c0:c0 + step] = (Yu[a[c0:c0 + step]] * Yu[bb[c0:c0 + step]]).sum(1)
             if c["expand"] is not None:
@@ -143,44 +126,37 @@ class TorchWorker:
             out[c["same"]] = 0.0
         return out
 
-    def _ranks_sorted(self, vals: Any) -> tuple[Any, float]:
-        """Centred average ranks at each sorted position, and the tie term sum(t^3 - t)/12."""
+    def _ranked(self, d: Any, what: str) -> tuple[Any, Any, float]:
+        """The order of ``d``, the centred average ranks at each sorted position and
+        ``S = sum of squared centred ranks`` (``P (P^2 - 1) / 12`` less the tie term)."""
         torch = self.torch
+        vals, idx = torch.sort(d)
+        if not bool(vals[-1] > vals[0]):
+            raise constant_error(what, self.label)
         P = vals.numel()
         m = (P + 1) / 2.0
+        S = P * (P * P - 1.0) / 12.0
         new = torch.ones(P, dtype=torch.bool, device=self.device)
         new[1:] = vals[1:] != vals[:-1]
         if bool(new.all()):
-            return torch.arange(P, dtype=torch.float64, device=self.device) + (1.0 - m), 0.0
+            return idx, torch.arange(P, dtype=torch.float64, device=self.device) + (1.0 - m), S
         gid = torch.cumsum(new.to(torch.int64), 0) - 1
         counts = torch.bincount(gid)
         ends = torch.cumsum(counts, 0)
-        starts = ends - counts
-        avg = (starts + 1 + ends).to(torch.float64) / 2.0
+        avg = (ends - counts + 1 + ends).to(torch.float64) / 2.0
         cf = counts.to(torch.float64)
-        return avg[gid] - m, float((cf ** 3 - cf).sum()) / 12.0
+        return idx, avg[gid] - m, S - float((cf ** 3 - cf).sum()) / 12.0
 
     def reference(self, d: Any, what: str) -> tuple[Any, float]:
-        torch = self.torch
-        vals, idx = torch.sort(d)
-        if not bool(vals[-1] > vals[0]):
-            raise constant_error(what, self.label)
-        r, tie = self._ranks_sorted(vals)
-        cf = torch.empty_like(r)
+        idx, r, S = self._ranked(d, what)
+        cf = self.torch.empty_like(r)
         cf[idx] = r
-        P = d.numel()
-        return cf, P * (P * P - 1.0) / 12.0 - tie
+        return cf, S
 
     def spearman(self, ref: tuple[Any, float], d: Any, what: str) -> float:
-        torch = self.torch
         cf, S_ref = ref
-        vals, idx = torch.sort(d)
-        if not bool(vals[-1] > vals[0]):
-            raise constant_error(what, self.label)
-        r, tie = self._ranks_sorted(vals)
-        P = d.numel()
-        num = float(torch.dot(cf[idx], r))
-        return num / math.sqrt(S_ref * (P * (P * P - 1.0) / 12.0 - tie))
+        idx, r, S = self._ranked(d, what)
+        return float(self.torch.dot(cf[idx], r)) / math.sqrt(S_ref * S)
 
     def spearman_many(self, ref: tuple[Any, float], D: Any, what: str) -> list[float]:
         """Spearman of each row of ``D`` (B, P) against the reference: one batched sort;

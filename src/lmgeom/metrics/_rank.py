@@ -12,6 +12,7 @@ through the distinct Gram entries the pairs read, with their multiplicities.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,6 +34,7 @@ class RankReference:
             ``t + 1 - m``), else (P,) the centred average rank at each position.
         tie_pos: positions inside tie groups.
         S: sum of squared centred ranks.
+        cf2, tied: the ties as the kernel reads them (see ``__init__``).
     """
 
     def __init__(self, order: np.ndarray, first: np.ndarray, count: np.ndarray) -> None:
@@ -55,21 +57,16 @@ class RankReference:
             S -= math.fsum((c ** 3 - c).tolist()) / 12.0
             self.cpos = cpos
         self.S = S
-        self._centred2: tuple[np.ndarray, np.ndarray] | None = None
-
-    def centred2(self) -> tuple[np.ndarray, np.ndarray]:
-        """For the kernel: twice the centred average rank at each position as int32
-        (``2 r - P - 1``) and a bitmap (uint8, little bit order) of the positions inside tie
-        groups, where it differs from ``2 t + 1 - P``; both empty without ties. Cached."""
-        if self._centred2 is None:
-            if self.cpos is None:
-                self._centred2 = (np.empty(0, dtype=np.int32), np.empty(0, dtype=np.uint8))
-            else:
-                tied = np.zeros(self.P, dtype=np.uint8)
-                tied[self.tie_pos] = 1
-                self._centred2 = (np.rint(2.0 * self.cpos).astype(np.int32),
-                                  np.packbits(tied, bitorder="little"))
-        return self._centred2
+        #: for the kernel: twice the centred average rank at each position as int32
+        #: (``2 r - P - 1``) and a bitmap (uint8, little bit order) of the positions inside
+        #: tie groups, where it differs from ``2 t + 1 - P``; both empty without ties
+        self.cf2 = np.empty(0, dtype=np.int32)
+        self.tied = np.empty(0, dtype=np.uint8)
+        if self.cpos is not None:
+            tied = np.zeros(P, dtype=np.uint8)
+            tied[self.tie_pos] = 1
+            self.cf2 = np.rint(2.0 * self.cpos).astype(np.int32)
+            self.tied = np.packbits(tied, bitorder="little")
 
     def centred_at(self, positions: np.ndarray) -> np.ndarray:
         """Centred average ranks at sorted positions."""
@@ -78,6 +75,7 @@ class RankReference:
         return self.cpos[positions]
 
 
+@dataclass(frozen=True)
 class WeightedReference:
     """The reference seen through the distinct entries of a duplicate-row layout.
 
@@ -94,13 +92,15 @@ class WeightedReference:
         P, S: as :class:`RankReference` (over the P pairs).
     """
 
-    def __init__(self, ref: RankReference, gram: np.ndarray, w: np.ndarray,
-                 cref: np.ndarray) -> None:
-        self.P, self.S = ref.P, ref.S
-        self.gram = gram
-        self.U = int(gram.size)
-        self.w = w.astype(np.int64)
-        self.a2 = self.w * np.rint(2.0 * cref).astype(np.int64)
+    gram: np.ndarray
+    w: np.ndarray
+    a2: np.ndarray
+    P: int
+    S: float
+
+    @property
+    def U(self) -> int:
+        return int(self.gram.size)
 
 
 def weighted_reference(ref: RankReference, gidx: np.ndarray,
@@ -116,4 +116,5 @@ def weighted_reference(ref: RankReference, gidx: np.ndarray,
     cref = c_all[first]
     if not np.array_equal(c_all, cref[inverse.ravel()]):
         return None
-    return WeightedReference(ref, gram, w, cref)
+    w = w.astype(np.int64)
+    return WeightedReference(gram, w, w * np.rint(2.0 * cref).astype(np.int64), ref.P, ref.S)

@@ -340,11 +340,11 @@ class SpearmanKernel:
         return self._iota
 
     def sort(self, src: np.ndarray, gidx: np.ndarray, payload: np.ndarray, fo: np.ndarray,
-             c0: float, c1: float) -> tuple[np.ndarray, int] | None:
+             c0: float, c1: float) -> tuple[np.ndarray, int] | str | None:
         """The payloads in ascending order of the values ``c0 + c1 * src[gidx[t]]`` (exact:
         runs of equal keys ordered by the values ``c0 + c1 * src[fo[payload]]``), and the
-        number of tie groups (``gfirst[:ng]``, ``gcount[:ng]``; -1: all values are equal).
-        None when a value is NaN. The order is a view of an internal buffer."""
+        number of tie groups (``gfirst[:ng]``, ``gcount[:ng]``). None when a value is NaN,
+        ``"constant"`` when all values are equal. The order is a view of an internal buffer."""
         keys_pass, offsets, hist3, hist4, passes3, passes4, finish, _, _ = _compiled()
         (kA, kB), (vA, vB) = self.k, self.v
         if not keys_pass(src, gidx, payload, c0, c1, kA, vA):
@@ -357,7 +357,7 @@ class SpearmanKernel:
             scatter(ki, vi, ko, vo, self.hist, r)
         keys, pos = bufs[len(self.hist) % 2]
         ng = finish(keys, pos, src, fo, c0, c1, self.xs, self.ps, self.gfirst, self.gcount)
-        return pos, int(ng)
+        return "constant" if ng < 0 else (pos, int(ng))
 
     def _result(self) -> tuple[int, int]:
         a = self.acc.tolist()
@@ -385,11 +385,9 @@ class SpearmanKernel:
             ``None`` when a value is NaN, ``"constant"`` when the values are all equal.
         """
         got = self.sort(src, gidx, posf, fo, c0, c1)
-        if got is None:
-            return None
+        if got is None or isinstance(got, str):
+            return got
         pos, ng = got
-        if ng < 0:
-            return "constant"
         numerator = _compiled()[7]
         # first as if the reference had no ties: its tie groups (duplicate rows) are tie
         # groups in every frame too; if a tied reference position lies outside them, again
@@ -408,11 +406,9 @@ class SpearmanKernel:
         reference's centred average rank of entry u (all int64)."""
         io = self.iota()
         got = self.sort(src, fo, io, fo, c0, c1)
-        if got is None:
-            return None
+        if got is None or isinstance(got, str):
+            return got
         pos, ng = got
-        if ng < 0:
-            return "constant"
         self.acc[:] = 0
         _compiled()[8](pos, w, a2, P, self.gfirst, self.gcount, ng, self.acc)
         return self._result()
@@ -429,10 +425,10 @@ class SpearmanKernel:
         in sorted coordinates; None on NaN. Raises ValueError when ``d`` is constant."""
         io = self.iota()
         got = self.sort(d, io, io, io, 0.0, 1.0)
+        if isinstance(got, str):
+            raise ValueError("all values are equal")
         if got is None:
             return None
         pos, ng = got
-        if ng < 0:
-            raise ValueError("all values are equal")
         return (pos.astype(np.int64), self.gfirst[:ng].astype(np.int64),
                 self.gcount[:ng].astype(np.int64))
