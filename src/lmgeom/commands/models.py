@@ -1,4 +1,5 @@
-"""``lmgeom models``: the bundled models, whether each is installed, size and licence."""
+"""``lmgeom models``: the bundled models — size, family, width, licence, whether installed, and
+the install command of those that are not. Reads the registry only (no torch, no model load)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from ..models.bundled import BUNDLED, DEFAULT_MODEL, package_dir
+from ..models.bundled import BUNDLED, DEFAULT_MODEL, BundledModel
 from .options import add_options, print_table
 
 NAME = "models"
 HELP = "list the bundled models (installed?, size, licence)"
+INSTALL_ALL = "make models"
 
 
 @dataclass(frozen=True)
@@ -28,31 +30,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_options(p, ModelsArgs)
 
 
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def model_row(bm: BundledModel) -> dict:
+    """One model's row of ``lmgeom models --json``."""
+    installed = bm.installed()
+    return {
+        "name": bm.name,  # a valid --model value
+        "default": bm.name == DEFAULT_MODEL,
+        "installed": installed,
+        "install": None if installed else bm.install_hint(),
+        "family": bm.family,
+        "arch": bm.arch,
+        "tuned": bm.tuned,
+        "d": bm.d,
+        "n_layers": bm.n_layers,
+        "vocab": bm.vocab,
+        "shape": bm.shape,
+        "tied": bm.tied,
+        "params": bm.params,
+        "download_bytes": bm.gguf_bytes,
+        "licence": bm.licence,
+        "description": bm.description,
+        "packages": [f"{p.replace('_', '-')}=={bm.version}" for p in bm.packages()],
+        "sha256": bm.sha256,
+    }
+
+
 def run(args) -> int:
-    rows = []
-    for bm in BUNDLED.values():
-        size = ""
-        if bm.installed():
-            total = 0
-            for pkg in (bm.package, *bm.parts):
-                total += sum(f.stat().st_size for f in package_dir(pkg).rglob("*.gguf*"))
-            size = f"{total / 1e6:.0f} MB"
-        rows.append({
-            "name": bm.name,  # a valid --model value
-            "default": bm.name == DEFAULT_MODEL,
-            "installed": bm.installed(),
-            "install": None if bm.installed() else bm.install_hint(),
-            "arch": bm.arch,
-            "shape": bm.shape,
-            "gguf size": size,
-            "licence": bm.licence,
-        })
+    rows = [model_row(bm) for bm in BUNDLED.values()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     table = [{"name": r["name"] + (" (default)" if r["default"] else ""),
-              "installed": "yes" if r["installed"] else f"no: {r['install']}",
-              **{k: r[k] for k in ("arch", "shape", "gguf size", "licence")}} for r in rows]
+              "installed": "yes" if r["installed"] else "no",
+              "family": r["family"], "tuned": r["tuned"],
+              "shape": f"{r['n_layers']} x {r['d']}", "vocab": r["vocab"],
+              "params": _params(r["params"]), "download": f"{r['download_bytes'] / 1e6:.0f} MB",
+              "licence": r["licence"]} for r in rows]
     print_table(table)
+    missing = [r for r in rows if not r["installed"]]
+    if missing:
+        print("\nNot installed (or `" + INSTALL_ALL + "` installs all of them):")
+        for r in missing:
+            print(f"  {r['name']}: {r['install']}")
     print("\nAny Hugging Face hub id, local model folder or .gguf file works too (--model SPEC).")
     return 0
