@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from lmgeom.metrics import dispersion
 from lmgeom.metrics import claims_dispersion as cd
+from lmgeom.metrics import dispersion
 from lmgeom.metrics.claims import (
     CONTRADICTED,
     INCONCLUSIVE,
