@@ -14,8 +14,7 @@ from scipy.stats import rankdata, spearmanr
 
 from lmgeom.errors import ConfigError, DataError
 from lmgeom.metrics._cpu_worker import CpuWorker
-from lmgeom.metrics._rank import RankReference, weighted_reference
-from lmgeom.metrics._rank_kernel import SpearmanKernel
+from lmgeom.metrics._rank_kernel import RankReference, SpearmanKernel, weighted_reference
 
 
 def rho(a, b):
@@ -132,7 +131,7 @@ def test_runner_refuses_more_pairs_than_int32_positions(monkeypatch):
 
     monkeypatch.setattr(nr, "MAX_PAIRS", 100)
     with pytest.raises(ConfigError, match="pairs="):
-        nr.make_runner(101, None, None, "layer 1")
+        nr.Runner(101, label="layer 1")
 
 
 # ------------------------------------------------------------- weighted references
@@ -250,7 +249,7 @@ def test_kernel_self_check_and_fallback_logs_once(monkeypatch, caplog):
     try:
         with caplog.at_level(logging.WARNING, logger=rk.__name__):
             assert not nr.kernel_available()
-            runner = nr.make_runner(100, None, None, None)
+            runner = nr.Runner(100)
             slow = M.subspace_pga_levels(X, V, ccr=(0, 2), n_null=5, seed=1)
         assert type(runner.main).__name__ == "TorchWorker"
         assert len([r for r in caplog.records if "unavailable" in r.message]) == 1

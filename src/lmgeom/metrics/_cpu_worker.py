@@ -8,7 +8,7 @@ normalise, form the cosines, rank them against the reference
   gram_index`): one BLAS SYRK of the unit rows fills the cosines (a numpy GEMM per row block
   where scipy's Cython BLAS is not reachable), and the kernel streams ``fl(1 - cos)`` from it
   in pair order, with no distance vector. With many duplicate rows (a
-  :class:`~lmgeom.metrics._rank.WeightedReference`) it ranks the distinct entries with their
+  :class:`~lmgeom.metrics._rank_kernel.WeightedReference`) it ranks the distinct entries with their
   multiplicities; their Gram matrix comes from GEMMs.
 * **distances** (sampled pairs, and exact layouts too large for one Gram matrix): the pair
   distance vector of :func:`~lmgeom.metrics._pairs.pair_distances`, ranked by the kernel.
@@ -35,8 +35,12 @@ from lmgeom.metrics._pairs import (
     pair_distances,
     unit_rows,
 )
-from lmgeom.metrics._rank import RankReference, WeightedReference, weighted_reference
-from lmgeom.metrics._rank_kernel import SpearmanKernel
+from lmgeom.metrics._rank_kernel import (
+    RankReference,
+    SpearmanKernel,
+    WeightedReference,
+    weighted_reference,
+)
 
 __all__ = ["CpuWorker", "NullSpec"]
 
@@ -159,21 +163,26 @@ class CpuWorker:
                   gidx: np.ndarray, layout: Layout) -> float:
         """One level of one frame in the Gram layout; distances ``fl(1 - cos)``: c0 = 1,
         c1 = -1 (identical rows have cos exactly 1)."""
+        cos = self._gram(Y, layout, syrk=not isinstance(ref, WeightedReference))
+        return self._rho(ref, cos, gidx, fo, 1.0, -1.0, "in a null frame")
+
+    def _rho(self, ref: RankReference | WeightedReference, src: np.ndarray, gidx: np.ndarray,
+             fo: np.ndarray, c0: float, c1: float, what: str) -> float:
+        """Spearman of the values ``c0 + c1 * src[gidx[t]]`` against ``ref`` (``fo``: see
+        :meth:`SpearmanKernel.numerator`; a weighted reference reads its entries ``src[fo]``)."""
         if isinstance(ref, WeightedReference):
-            cos = self._gram(Y, layout, syrk=False)
-            got = self._kernel(ref.U).weighted(cos, fo, ref.w, ref.a2, ref.P, 1.0, -1.0)
+            got = self._kernel(ref.U).weighted(src, fo, ref.w, ref.a2, ref.P, c0, c1)
             if got is not None and not isinstance(got, str):
                 # this expression (not SpearmanKernel.rho's) keeps earlier results bit-exact
-                P = ref.P
-                S = P * (P * P - 1.0) / 12.0 - got[1] / 12.0
+                S = ref.P * (ref.P * ref.P - 1.0) / 12.0 - got[1] / 12.0
                 return (got[0] / 4.0) / math.sqrt(ref.S * S)
         else:
             kern = self._kernel(ref.P)
-            got = kern.numerator(self._gram(Y, layout), gidx, ref.posf, fo, 1.0, -1.0, ref.cf2,
-                                 ref.tied, int(ref.tie_pos.size))
+            got = kern.numerator(src, gidx, ref.posf, fo, c0, c1, ref.cf2, ref.tied,
+                                 int(ref.tie_pos.size))
             if got is not None and not isinstance(got, str):
                 return kern.rho(ref.S, *got)
-        raise self._failed(got, "in a null frame")
+        raise self._failed(got, what)
 
     def _gram(self, Y: np.ndarray, layout: Layout, syrk: bool = True) -> np.ndarray:
         """The cosines ``Y Y^T`` of the unit rows where :func:`~lmgeom.metrics._pairs.
@@ -227,12 +236,7 @@ class CpuWorker:
     def spearman(self, ref: RankReference, d: np.ndarray, what: str) -> float:
         """Spearman of the distance vector ``d`` (float64, pairs in the reference's order)
         against the reference."""
-        kern = self._kernel(ref.P)
-        got = kern.numerator(d, kern.iota(), ref.posf, ref.order, 0.0, 1.0, ref.cf2, ref.tied,
-                             int(ref.tie_pos.size))
-        if got is None or isinstance(got, str):
-            raise self._failed(got, what)
-        return kern.rho(ref.S, *got)
+        return self._rho(ref, d, self._kernel(ref.P).iota(), ref.order, 0.0, 1.0, what)
 
     def _failed(self, got: str | None, what: str) -> Exception:
         if got == "constant":

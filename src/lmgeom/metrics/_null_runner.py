@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
+from threadpoolctl import threadpool_limits
+
 from lmgeom.metrics._common import config_error
 from lmgeom.metrics._cpu_worker import CpuWorker, NullSpec
 from lmgeom.metrics._device_worker import TorchWorker
@@ -29,7 +31,7 @@ from lmgeom.metrics._rank_kernel import MAX_PAIRS, kernel_available
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NullSpec", "Runner", "make_runner"]
+__all__ = ["NullSpec", "Runner"]
 
 _PARALLEL_MIN_PAIRS = 20_000
 
@@ -50,13 +52,11 @@ def _torch_single_thread() -> Iterator[None]:
 
 
 def _resolve_device(device: Any, label: str | None) -> Any:
-    """None / "cpu" -> numpy runner (returns None); anything else -> a torch.device."""
+    """None / "cpu" -> the CPU worker (returns None); anything else -> a torch.device."""
     if device is None or (isinstance(device, str) and device == "cpu"):
         return None
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        raise config_error(f"device={device!r} needs torch, which is not installed", label) from None
+    import torch
+
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -112,12 +112,7 @@ class Runner:
         """
         with ExitStack() as stack:
             if self.torch_device is None:
-                try:
-                    from threadpoolctl import threadpool_limits
-
-                    stack.enter_context(threadpool_limits(limits=1, user_api="blas"))
-                except ImportError:  # pragma: no cover
-                    pass
+                stack.enter_context(threadpool_limits(limits=1, user_api="blas"))
                 stack.enter_context(_torch_single_thread())
             if self.workers == 1:
                 return [fn(self.main, job) for job in jobs]
@@ -143,6 +138,3 @@ class Runner:
                 results.append(pending.popleft().result())
             return results
 
-
-def make_runner(P: int, device: Any, workers: int | None, label: str | None) -> Runner:
-    return Runner(P, device=device, workers=workers, label=label)

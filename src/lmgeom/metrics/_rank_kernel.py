@@ -18,20 +18,32 @@ in a few compiled passes that release the GIL (so the null loop's worker threads
    P < 2**31 is exact; the tie term ``sum(c**3 - c)`` likewise.
 
 Weighted references (many duplicate rows: P pairs that read only U distinct Gram entries)
-sort the U entries once and weigh each by its multiplicity. The result does not depend on
-summation order or BLAS. Values below 0 or of 4 and more are clamped to the end keys (still
-exact: those runs are ordered by their values); a NaN makes the call return ``None``.
+sort the U entries once and weigh each by its multiplicity. The null loop correlates many
+frames against one reference (the full-space distances), so the reference is ranked once
+(:class:`RankReference`, :class:`WeightedReference`) and kept in the forms the kernel reads.
+The result does not depend on summation order or BLAS. Values below 0 or of 4 and more are
+clamped to the end keys (still exact: those runs are ordered by their values); a NaN makes
+the call return ``None``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from functools import lru_cache
+from types import SimpleNamespace
 
 import numpy as np
 
-__all__ = ["MAX_PAIRS", "SpearmanKernel", "kernel_available"]
+__all__ = [
+    "MAX_PAIRS",
+    "RankReference",
+    "SpearmanKernel",
+    "WeightedReference",
+    "kernel_available",
+    "weighted_reference",
+]
 
 log = logging.getLogger(__name__)
 
@@ -80,33 +92,32 @@ def _make_pass(jit, shift: int, mask: int):
     return scatter
 
 
-def _radix(jit):
-    """Histogram functions (3 x 11/10/10 bits, 4 x 8 bits) and the scatter passes; the digits
-    are written out with literal shifts (a loop with runtime shifts measured several times
+#: LSD digits ``(k >> shift) & mask`` of the int32 keys: 3 passes of 11/10/10 bits while the
+#: scatter fans stay in cache (P <= 2**18), else 4 of 8 bits
+DIGITS = {3: ((0, 11, 21), (2047, 1023, 1023)), 4: ((0, 8, 16, 24), (255, 255, 255, 255))}
+
+
+def _radix(jit, shifts: tuple[int, ...], masks: tuple[int, ...]):
+    """The histogram of every digit (as scatter offsets) and one scatter pass per digit; the
+    shifts and masks are compiled-in constants (runtime shifts measured several times
     slower)."""
+    R = len(shifts)
 
     @jit
-    def hist3(keys, hist):
+    def offsets(keys, hist):
         hist[:] = 0
         for i in range(keys.size):
             k = keys[i]
-            hist[0, k & 2047] += 1
-            hist[1, (k >> 11) & 1023] += 1
-            hist[2, (k >> 21) & 1023] += 1
+            for r in range(R):
+                hist[r, (k >> shifts[r]) & masks[r]] += 1
+        for r in range(R):
+            s = 0
+            for b in range(hist.shape[1]):
+                c = hist[r, b]
+                hist[r, b] = s
+                s += c
 
-    @jit
-    def hist4(keys, hist):
-        hist[:] = 0
-        for i in range(keys.size):
-            k = keys[i]
-            hist[0, k & 255] += 1
-            hist[1, (k >> 8) & 255] += 1
-            hist[2, (k >> 16) & 255] += 1
-            hist[3, (k >> 24) & 255] += 1
-
-    passes3 = (_make_pass(jit, 0, 2047), _make_pass(jit, 11, 1023), _make_pass(jit, 21, 1023))
-    passes4 = tuple(_make_pass(jit, sh, 255) for sh in (0, 8, 16, 24))
-    return hist3, hist4, passes3, passes4
+    return offsets, tuple(_make_pass(jit, sh, mk) for sh, mk in zip(shifts, masks))
 
 
 def _wide(jit):
@@ -301,18 +312,11 @@ def _compiled():
             vals[t] = payload[t]
         return ok
 
-    @jit
-    def offsets(hist):
-        for r in range(hist.shape[0]):
-            s = 0
-            for b in range(hist.shape[1]):
-                c = hist[r, b]
-                hist[r, b] = s
-                s += c
-
     add, mul_add = _wide(jit)
     numerator, weighted = _sums(jit, add, mul_add)
-    return (keys_pass, offsets, *_radix(jit), _runs(jit), numerator, weighted)
+    return SimpleNamespace(keys_pass=keys_pass, finish=_runs(jit), numerator=numerator,
+                           weighted=weighted,
+                           radix={R: _radix(jit, *DIGITS[R]) for R in DIGITS})
 
 
 class SpearmanKernel:
@@ -322,8 +326,8 @@ class SpearmanKernel:
         if not 2 <= P <= MAX_PAIRS:
             raise ValueError(f"SpearmanKernel handles 2..{MAX_PAIRS} values, got {P}")
         self.P = P = int(P)
-        self.four = P > (1 << 18)  # 3 passes (11/10/10 bits) while the fans stay in cache
-        self.hist = np.zeros((4, 256) if self.four else (3, 2048), dtype=np.int64)
+        self.digits = 4 if P > (1 << 18) else 3  # see DIGITS
+        self.hist = np.zeros((self.digits, 2048 if self.digits == 3 else 256), dtype=np.int64)
         self.k = (np.empty(P, dtype=np.int32), np.empty(P, dtype=np.int32))
         self.v = (np.empty(P, dtype=np.int32), np.empty(P, dtype=np.int32))
         self.xs = np.empty(P, dtype=np.float64)  # one run at a time (at most P)
@@ -345,18 +349,18 @@ class SpearmanKernel:
         runs of equal keys ordered by the values ``c0 + c1 * src[fo[payload]]``), and the
         number of tie groups (``gfirst[:ng]``, ``gcount[:ng]``). None when a value is NaN,
         ``"constant"`` when all values are equal. The order is a view of an internal buffer."""
-        keys_pass, offsets, hist3, hist4, passes3, passes4, finish, _, _ = _compiled()
+        fns = _compiled()
+        offsets, passes = fns.radix[self.digits]
         (kA, kB), (vA, vB) = self.k, self.v
-        if not keys_pass(src, gidx, payload, c0, c1, kA, vA):
+        if not fns.keys_pass(src, gidx, payload, c0, c1, kA, vA):
             return None
-        (hist4 if self.four else hist3)(kA, self.hist)
-        offsets(self.hist)
+        offsets(kA, self.hist)
         bufs = ((kA, vA), (kB, vB))
-        for r, scatter in enumerate(passes4 if self.four else passes3):
+        for r, scatter in enumerate(passes):
             (ki, vi), (ko, vo) = bufs[r % 2], bufs[1 - r % 2]
             scatter(ki, vi, ko, vo, self.hist, r)
-        keys, pos = bufs[len(self.hist) % 2]
-        ng = finish(keys, pos, src, fo, c0, c1, self.xs, self.ps, self.gfirst, self.gcount)
+        keys, pos = bufs[len(passes) % 2]
+        ng = fns.finish(keys, pos, src, fo, c0, c1, self.xs, self.ps, self.gfirst, self.gcount)
         return "constant" if ng < 0 else (pos, int(ng))
 
     def _result(self) -> tuple[int, int]:
@@ -388,7 +392,7 @@ class SpearmanKernel:
         if got is None or isinstance(got, str):
             return got
         pos, ng = got
-        numerator = _compiled()[7]
+        numerator = _compiled().numerator
         # first as if the reference had no ties: its tie groups (duplicate rows) are tie
         # groups in every frame too; if a tied reference position lies outside them, again
         # with the reference's tie ranks everywhere
@@ -410,7 +414,7 @@ class SpearmanKernel:
             return got
         pos, ng = got
         self.acc[:] = 0
-        _compiled()[8](pos, w, a2, P, self.gfirst, self.gcount, ng, self.acc)
+        _compiled().weighted(pos, w, a2, P, self.gfirst, self.gcount, ng, self.acc)
         return self._result()
 
     def rho(self, S_ref: float, num: int, ties: int, P: int | None = None) -> float:
@@ -425,10 +429,113 @@ class SpearmanKernel:
         in sorted coordinates; None on NaN. Raises ValueError when ``d`` is constant."""
         io = self.iota()
         got = self.sort(d, io, io, io, 0.0, 1.0)
-        if isinstance(got, str):
+        if got == "constant":
             raise ValueError("all values are equal")
         if got is None:
             return None
         pos, ng = got
         return (pos.astype(np.int64), self.gfirst[:ng].astype(np.int64),
                 self.gcount[:ng].astype(np.int64))
+
+
+# --------------------------------------------------- the reference's ranks, computed once
+
+class RankReference:
+    """Average ranks of a fixed vector of P values, prepared for the compiled kernel.
+
+    Args:
+        order: (P,) the elements in ascending order of value (exact; any order inside ties).
+        first, count: start (in sorted coordinates) and size of every group of equal values.
+
+    Attributes:
+        P, m: length and mean rank ``(P + 1) / 2``.
+        order: (P,) int64 element at each sorted position.
+        posf: (P,) int32 position of each element in the sorted order (inverse of ``order``).
+        cpos: None when there are no ties (the centred rank at position t is then
+            ``t + 1 - m``), else (P,) the centred average rank at each position.
+        tie_pos: positions inside tie groups.
+        S: sum of squared centred ranks.
+        cf2, tied: the ties as the kernel reads them (see ``__init__``).
+    """
+
+    def __init__(self, order: np.ndarray, first: np.ndarray, count: np.ndarray) -> None:
+        P = order.size
+        self.P = P
+        self.m = (P + 1) / 2.0
+        self.order = order
+        self.posf = np.empty(P, dtype=np.int32)
+        self.posf[order] = np.arange(P, dtype=np.int32)
+        S = P * (P * P - 1.0) / 12.0
+        self.cpos: np.ndarray | None = None
+        self.tie_pos = np.empty(0, dtype=np.int64)
+        if first.size:
+            total = int(count.sum())
+            offs = np.repeat(np.cumsum(count) - count, count)
+            self.tie_pos = np.repeat(first, count) + (np.arange(total) - offs)
+            cpos = np.arange(1.0 - self.m, P + 1.0 - self.m)
+            cpos[self.tie_pos] = np.repeat(first + (count + 1) / 2.0, count) - self.m
+            c = count.astype(np.float64)
+            S -= math.fsum((c ** 3 - c).tolist()) / 12.0
+            self.cpos = cpos
+        self.S = S
+        #: for the kernel: twice the centred average rank at each position as int32
+        #: (``2 r - P - 1``) and a bitmap (uint8, little bit order) of the positions inside
+        #: tie groups, where it differs from ``2 t + 1 - P``; both empty without ties
+        self.cf2 = np.empty(0, dtype=np.int32)
+        self.tied = np.empty(0, dtype=np.uint8)
+        if self.cpos is not None:
+            tied = np.zeros(P, dtype=np.uint8)
+            tied[self.tie_pos] = 1
+            self.cf2 = np.rint(2.0 * self.cpos).astype(np.int32)
+            self.tied = np.packbits(tied, bitorder="little")
+
+    def centred_at(self, positions: np.ndarray) -> np.ndarray:
+        """Centred average ranks at sorted positions."""
+        if self.cpos is None:
+            return positions.astype(np.float64) - (self.m - 1.0)
+        return self.cpos[positions]
+
+
+@dataclass(frozen=True)
+class WeightedReference:
+    """The reference seen through the distinct entries of a duplicate-row layout.
+
+    With duplicate rows, every pair maps to one entry ``gidx[p]`` of the unique rows' Gram
+    matrix, and both the reference and every frame are functions of that entry: the P pairs
+    are U distinct values with multiplicities ``w``. Average ranks over the P pairs follow
+    from the U values and their weights (an entry's rank is the weight below it plus
+    ``(w + 1) / 2``), so a frame needs one sort of U keys instead of P.
+
+    Attributes:
+        gram: (U,) the distinct Gram entries, ascending.
+        w: (U,) int64 how many pairs read each.
+        a2: (U,) int64 ``w`` times twice the reference's centred average rank of the entry.
+        P, S: as :class:`RankReference` (over the P pairs).
+    """
+
+    gram: np.ndarray
+    w: np.ndarray
+    a2: np.ndarray
+    P: int
+    S: float
+
+    @property
+    def U(self) -> int:
+        return int(self.gram.size)
+
+
+def weighted_reference(ref: RankReference, gidx: np.ndarray,
+                       max_fraction: float = 0.5) -> WeightedReference | None:
+    """:class:`WeightedReference` of ``ref`` over the entries ``gidx`` (one per pair), or None
+    when it would not pay (more than ``max_fraction`` of the pairs are distinct entries) or
+    when the reference is not a function of the entry (then it does not describe the data)."""
+    gram, first, inverse, w = np.unique(gidx, return_index=True, return_inverse=True,
+                                        return_counts=True)
+    if gram.size > max_fraction * ref.P:
+        return None
+    c_all = ref.centred_at(ref.posf)
+    cref = c_all[first]
+    if not np.array_equal(c_all, cref[inverse.ravel()]):
+        return None
+    w = w.astype(np.int64)
+    return WeightedReference(gram, w, w * np.rint(2.0 * cref).astype(np.int64), ref.P, ref.S)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from lmgeom.metrics._common import blas_threads, config_error, data_error
-from lmgeom.metrics._null_runner import make_runner
+from lmgeom.metrics._null_runner import Runner
 from lmgeom.metrics._pairs import build_layout, make_plan
 from lmgeom.metrics.geometry import iter_frames
 from lmgeom.metrics.pga import (
@@ -177,7 +177,7 @@ def _alignment(X_a: Any, X_b: Any, basis_a: Any, basis_b: Any, n_null: int, ccr:
         fl += [f for f in got[None] + got.get(ccr, []) if f[0] != "low_n"]
     lay_a = build_layout(plan, pa.inv, pa.n_unique, ka)
     lay_b = build_layout(plan, pb.inv, pb.n_unique, kb)
-    runner = make_runner(plan.n_pairs, device, workers, label)
+    runner = Runner(plan.n_pairs, device=device, workers=workers, label=label)
 
     fdt = frame_dtype(precision, plan, runner)
     Xa_f = pa.Xu if fdt is np.float64 else pa.Xu.astype(fdt)

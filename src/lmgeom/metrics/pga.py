@@ -35,7 +35,7 @@ from lmgeom.metrics._common import (
     data_error,
     pow2_normalise,
 )
-from lmgeom.metrics._null_runner import NullSpec, make_runner
+from lmgeom.metrics._null_runner import NullSpec, Runner
 from lmgeom.metrics._pairs import (
     ZERO_RTOL,
     build_layout,
@@ -463,7 +463,7 @@ def _pga_levels(X: Any, basis: Any, levels: tuple[int, ...], n_null: int, pairs:
     flags = pga_flags(n=n, n_distinct=any_prep.n_distinct, n_null=n_null,
                       n_pairs=int(plan.n_pairs), exact=plan.exact, k=k,
                       ranks=level_ranks(preps, lv, levels, k), label=label)
-    runner = make_runner(plan.n_pairs, device, workers, label)
+    runner = Runner(plan.n_pairs, device=device, workers=workers, label=label)
     fdt = frame_dtype(precision, plan, runner)
     w = runner.main
     # levels whose duplicate structure is the same share the projections (the normal case:
