@@ -10,11 +10,17 @@ import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
+from lmgeom import load_model
 from lmgeom.errors import CacheError, ConfigError
+from lmgeom.training.schedule import BatchSchedule
 from lmgeom.training.suite import (
+    ORDER_STREAM,
     SuiteConfig,
+    build_model,
     checkpoint_steps,
     model_shape,
     suite_checkpoints,
@@ -112,8 +118,6 @@ def test_tokenizer_deterministic_byte_level(corpus):
 
 
 def test_micro_suite_saves_loadable_checkpoints(micro_suite, micro_config):
-    from lmgeom import load_model
-
     root, manifest = micro_suite
     steps = checkpoint_steps(micro_config.steps, micro_config.n_regular)
     assert manifest["checkpoint_steps"] == steps == [0, 1, 2, 4, 8, 12]
@@ -149,12 +153,20 @@ def test_micro_suite_validation_loss_decreases(micro_suite):
 
 def test_identical_data_order_and_init_across_widths(micro_suite):
     """Same seed: the two widths see the same batches; init differs only by shape."""
-    from lmgeom.training.suite import _Order
-
-    a, b = _Order(100, 4, 0), _Order(100, 4, 0)
+    a, b = (BatchSchedule([100], 4, 0, streams=(ORDER_STREAM,)) for _ in range(2))
     assert [a.batch(s).tolist() for s in range(60)] == [b.batch(s).tolist() for s in range(60)]
     seen = [i for s in range(25) for i in a.batch(s).tolist()]
     assert sorted(seen) == list(range(100))  # one epoch = every chunk once
+    root, _ = micro_suite
+    # the data order the suite used: the documented default_rng([seed, 2, epoch]) permutations
+    perm = np.random.default_rng([0, 2, 0]).permutation(100)
+    assert a.batch(1).tolist() == perm[4:8].tolist()
+    # the same initial weights for a width trained twice (init under the seed, RNG untouched)
+    tok = load_model(root / "16" / "step0", device="cpu").tokenizer
+    before = torch.get_rng_state()
+    m1, m2 = (build_model(16, SuiteConfig.micro(), tok) for _ in range(2))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
 
 
 def test_resume_after_interruption_is_bit_identical(tmp_path, micro_suite, micro_config):

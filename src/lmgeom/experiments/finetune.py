@@ -73,7 +73,7 @@ from ..training.checkpoint import (
     save_checkpoint,
     trainable_parameters,
 )
-from ..training.loop import train_steps
+from ..training.loop import aux_objective, train_loop
 
 log = logging.getLogger(__name__)
 
@@ -673,9 +673,10 @@ def train_arm(
             state["stopped"] = stopping
             return stopping
 
-        train_steps(model, opt, params, aux, start=step0, steps=cfg.steps, batch_at=batch_at,
-                    lr_at=lambda step: _lr_at(cfg, step), grad_clip=cfg.grad_clip, autocast=ac,
-                    on_step=on_step, what=arm)
+        train_loop(model, opt, params, start=step0, steps=cfg.steps, batch_at=batch_at,
+                   lr_at=lambda step: _lr_at(cfg, step), objective=aux_objective(aux),
+                   grad_clip=cfg.grad_clip, autocast=ac, hooks=[on_step], what=arm,
+                   hint="lower --lr or --lambda")
         ran = state["ran"]
         if state["stopped"]:
             bar.close()

@@ -161,6 +161,45 @@ class TextSet:
             n_dropped=self.n_dropped,
         )
 
+    def split(self, fraction: float, seed: int = 0, *,
+              stream: int | None = None) -> tuple[TextSet, TextSet]:
+        """Seeded train / held-out split by text: ``(train, heldout)``, the one splitter of
+        lmgeom (fine-tuning's held-out texts, the width suite's validation documents, kNN-LM's
+        held-out part).
+
+        ``k = round(fraction · N)`` texts, at least 1 and at most ``N − 1``, are held out: the
+        first ``k`` of ``numpy.random.default_rng(seed).permutation(N)`` (with ``stream``:
+        ``default_rng([seed, stream])``, so two splits of one run can draw from independent
+        streams). The rest trains. Both parts keep the set's order; together they hold every
+        text exactly once.
+
+        Args:
+            fraction: share of the texts held out, in (0, 1).
+            seed: the split's seed (a non-negative integer).
+            stream: an optional second seed word (a non-negative integer).
+
+        Raises:
+            ConfigError: ``fraction`` is not in (0, 1), or ``seed`` / ``stream`` is not a
+                non-negative integer.
+            TextsError: fewer than 2 texts (nothing could be both trained on and held out).
+        """
+        f = float(fraction)
+        if not (0.0 < f < 1.0):
+            raise ConfigError(f"the held-out fraction must be in (0, 1), got {fraction!r}")
+        for name, v in (("seed", seed), ("stream", stream)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                                  or v < 0):
+                raise ConfigError(f"split {name} must be a non-negative integer, got {v!r}")
+        n = len(self)
+        if n < 2:
+            raise TextsError(f"{self.source or 'the text set'} has {n} text(s): a train / "
+                             "held-out split needs at least 2 (one to train on, one to hold out); "
+                             "add texts")
+        k = int(min(n - 1, max(1, round(f * n))))
+        rng = np.random.default_rng(int(seed) if stream is None else [int(seed), int(stream)])
+        perm = rng.permutation(n)
+        return self.subset(np.sort(perm[k:])), self.subset(np.sort(perm[:k]))
+
     def to_frame(self) -> pd.DataFrame:
         """A ``pandas.DataFrame`` with columns ``id``, ``text``, ``label`` (if labeled) and
         ``n_words``, one row per text."""

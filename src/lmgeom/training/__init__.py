@@ -1,5 +1,7 @@
 """Training: the push-away / squeeze losses (``losses``), the one checkpoint / resume format
-(``checkpoint``), the fine-tuning loop (``loop``), the small-model width suite (``suite``) and its tokenizer (``tokenizer``).
+(``checkpoint``), the one training loop (``loop``: :func:`train_loop`, with step hooks) and
+batch scheduler (``schedule``: :class:`BatchSchedule`) that both the small-model width suite
+(``suite``) and the fine-tuning use, and the suite's tokenizer (``tokenizer``).
 The fine-tuning comparison that uses them is an experiment: :mod:`lmgeom.experiments.finetune`.
 
 Imports are lazy: ``import lmgeom.training`` loads neither torch nor transformers::
@@ -33,8 +35,11 @@ _LAZY = {
     "save_checkpoint": "lmgeom.training.checkpoint",
     "load_checkpoint": "lmgeom.training.checkpoint",
     "resume": "lmgeom.training.checkpoint",
-    "train_steps": "lmgeom.training.loop",
+    "train_loop": "lmgeom.training.loop",
     "optimisation_step": "lmgeom.training.loop",
+    "lm_objective": "lmgeom.training.loop",
+    "aux_objective": "lmgeom.training.loop",
+    "BatchSchedule": "lmgeom.training.schedule",
 }
 
 __all__ = list(_LAZY)
