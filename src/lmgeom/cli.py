@@ -52,6 +52,7 @@ COMMANDS: tuple[str, ...] = (
     "select",
     "knnlm",
     "train",
+    "claims",
 )
 
 

@@ -2,7 +2,7 @@
 
 import importlib
 
-MODULES = ("analyze", "sweep", "dispersion", "hardness", "clusters", "knnlm", "probes", "convergence", "select")
+MODULES = ("analyze", "sweep", "dispersion", "hardness", "clusters", "knnlm", "probes", "convergence", "select", "claims")
 
 for _name in MODULES:
     importlib.import_module(f"lmgeom.experiments.{_name}")

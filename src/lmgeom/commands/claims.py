@@ -1,0 +1,77 @@
+"""``lmgeom claims``: a measured verdict on every claim of the two papers."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from .analyze import add_pga_args, layer_config_from_args
+from .options import (
+    add_extract_args,
+    add_model_args,
+    add_options,
+    add_run_args,
+    add_texts_args,
+    arg,
+    default_out,
+    int_range,
+    model_options_from_args,
+    run_and_report,
+    text_options_from_args,
+)
+
+NAME = "claims"
+HELP = "test each claim of the two papers (PGA P1-P8, dispersion D1-D8): a verdict per claim"
+DESCRIPTION = (
+    "Tests every claim of the Subspace PGA paper (P1-P8) and the representation dispersion "
+    "paper (D1-D8) on the models given (default: every installed bundled model) and writes "
+    "claims.parquet/.csv — one row per claim: statement, models (width, family, tuning), the "
+    "measured quantity with its 95 % interval, the threshold the claim implies and a verdict "
+    "(supported / contradicted / inconclusive / not testable here, with the reason) — the layer "
+    "sweep and convergence tables it rests on, manifest.json and report.html with PGA z against "
+    "relative depth. --n and --model make a quick look possible; --only P1,D3 runs a subset."
+)
+
+
+@dataclass(frozen=True)
+class ClaimsArgs:
+    """What ``claims`` adds.
+
+    Attributes:
+        suite: a trained width suite folder (from `lmgeom suite train --out DIR`) for P6 (and
+            the dispersion claims that need checkpoints); without it P6 is not testable here.
+        only: only these claims, comma-separated (e.g. P1,P7,D3).
+        folds: CV folds of the linear probes (P8).
+    """
+
+    suite: str | None = field(default=None, metadata=arg(metavar="DIR"))
+    only: str | None = field(default=None, metadata=arg(metavar="IDS"))
+    folds: int = field(default=5, metadata=arg(type=int_range(2)))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_args(p, multiple=True)
+    add_texts_args(p, n=256)
+    add_extract_args(p)
+    add_pga_args(p)
+    add_options(p, ClaimsArgs, title="claims")
+    add_run_args(p, out=None)
+
+
+def run(args) -> int:
+    from ..errors import ConfigError
+    from ..experiments.claims import ClaimsConfig, parse_only
+
+    if args.suite is not None:
+        from pathlib import Path
+
+        if not Path(args.suite).is_dir():
+            raise ConfigError(f"--suite {args.suite}: no such folder; give a suite folder from "
+                              "`lmgeom suite train --out DIR`")
+    config = ClaimsConfig(
+        models=tuple(args.model or ()), texts=text_options_from_args(args),
+        model=model_options_from_args(args), layers=layer_config_from_args(args),
+        folds=args.folds, suite=args.suite, only=parse_only(args.only))
+    args.out = args.out or default_out("claims", list(config.models))
+    run_and_report(config, args)
+    return 0

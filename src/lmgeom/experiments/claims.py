@@ -1,0 +1,239 @@
+"""``lmgeom claims``: a measured verdict on every claim of the two papers.
+
+The PGA paper's claims P1-P8 come from :mod:`lmgeom.experiments.claims_pga`, the dispersion
+paper's D1-D8 from :mod:`lmgeom.experiments.claims_dispersion`; the verdict rules live in
+:mod:`lmgeom.metrics.claims_pga` / :mod:`lmgeom.metrics.claims_dispersion`. The result is one
+row per claim (:meth:`~lmgeom.metrics.claims.ClaimVerdict.row`) in ``claims.parquet``, the layer
+sweep and convergence tables beside it, and a report page (:mod:`lmgeom.report.claims`)::
+
+    from lmgeom.experiments import run_experiment
+    from lmgeom.experiments.claims import ClaimsConfig
+    run = run_experiment(ClaimsConfig(models=("smollm2-135m",)), "runs/claims")
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pandas as pd
+
+from ..errors import ConfigError
+from ..metrics.claims import ClaimVerdict, ModelInfo, not_testable
+from ..models.bundled import BUNDLED
+from .base import register
+from .claims_pga import PgaMeasurements, measure_pga, pga_verdicts, wanted
+from .layer_sweep import LayerSweepConfig, config_dict
+from .options import ModelOptions, TextOptions
+
+DISPERSION_MODULE = "lmgeom.experiments.claims_dispersion"
+DISPERSION_CLAIMS = tuple(f"D{i}" for i in range(1, 9))
+PGA_IDS = tuple(f"P{i}" for i in range(1, 9))
+_ID = re.compile(r"^[PD][1-8]$")
+
+
+def installed_bundled() -> tuple[str, ...]:
+    """Every bundled model whose packages are installed, in the registry's order."""
+    return tuple(name for name, bm in BUNDLED.items() if bm.installed())
+
+
+def parse_only(text: str | None) -> tuple[str, ...] | None:
+    """``"P1,d3"`` → ``("P1", "D3")``; ``None`` / ``""`` → ``None`` (every claim)."""
+    if not text:
+        return None
+    out = tuple(dict.fromkeys(x.strip().upper() for x in str(text).split(",") if x.strip()))
+    bad = [x for x in out if not _ID.match(x)]
+    if bad or not out:
+        raise ConfigError(f"--only: {', '.join(bad) or repr(text)} is not a claim id; use "
+                          "P1..P8 and D1..D8, comma-separated (e.g. --only P1,D3)")
+    return out
+
+
+def tuning_of(spec: str, description: str = "") -> str:
+    """``base`` / ``instruct`` / ``unknown`` from a bundled model's registry entry (its own
+    ``tuned`` field when it has one, else the words of its description) or the spec's name."""
+    bm = BUNDLED.get(spec)
+    if bm is not None and getattr(bm, "tuned", None) in ("base", "instruct"):
+        return str(bm.tuned)
+    words = " ".join([description, bm.description if bm else "", bm.gguf_name if bm else "",
+                      spec]).lower()
+    if re.search(r"instruct|\bchat\b|-it\b|\bit\b", words):
+        return "instruct"
+    if re.search(r"\bbase\b", words):
+        return "base"
+    return "unknown"
+
+
+def model_infos(models: tuple[str, ...], options: ModelOptions,
+                known: Sequence[dict[str, Any]] = ()) -> list[ModelInfo]:
+    """Each model's width, family, depth and tuning: from ``known`` (the layer sweep's model
+    facts, in the order of ``models``) where given, else by loading the model once."""
+    out = []
+    for i, spec in enumerate(models):
+        if i < len(known) and known[i].get("width"):
+            k = known[i]
+            out.append(ModelInfo(name=str(k.get("name") or spec), d=int(k["width"]),
+                                 family=str(k.get("model_type")),
+                                 tuned=tuning_of(spec), n_layers=int(k.get("n_blocks") or 0)))
+            continue
+        m = options.load(spec)
+        out.append(ModelInfo(name=str(m.name), d=int(m.width), family=str(m.model_type),
+                             tuned=tuning_of(spec), n_layers=int(m.n_blocks)))
+        del m
+    return out
+
+
+@register
+@dataclass(frozen=True)
+class ClaimsConfig:
+    """``lmgeom claims``: test each claim of the two papers on the models given.
+
+    Attributes:
+        models: model specs (default: every installed bundled model).
+        texts: the texts of the PGA claims (labelled, for the probes of P8); their ``n`` and
+            seed also go to the dispersion claims.
+        model: how the models load (dtype, device ...).
+        layers: the layer sweep behind P1-P5 and P8 (CCR levels 0,1,5,10 by default).
+        folds: CV folds of the linear probes (P8).
+        suite: a trained width suite folder (P6, and D4 where it needs checkpoints).
+        only: run only these claim ids (``("P1", "D3")``); ``None``: all.
+    """
+
+    command: ClassVar[str] = "claims"
+    table: ClassVar[str] = "claims"
+
+    models: tuple[str, ...] = ()
+    texts: TextOptions = field(default_factory=lambda: TextOptions(n=256))
+    model: ModelOptions = field(default_factory=ModelOptions)
+    layers: LayerSweepConfig = field(default_factory=LayerSweepConfig)
+    folds: int = 5
+    suite: str | None = None
+    only: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        models = tuple(self.models) or installed_bundled()
+        if not models:
+            raise ConfigError("no bundled model is installed and no --model given; install one "
+                              "(`make demo`) or pass --model SPEC")
+        object.__setattr__(self, "models", models)
+        if self.only is not None:
+            object.__setattr__(self, "only", parse_only(",".join(self.only)))
+        if self.suite is not None and not Path(self.suite).is_dir():
+            raise ConfigError(f"--suite {self.suite}: no such folder (a suite from `lmgeom suite "
+                              "train --out DIR`)")
+        if self.texts.n is None:
+            raise ConfigError("claims need a number of texts (--n)")
+
+    def settings(self) -> dict[str, Any]:
+        return {"models": list(self.models), "texts": self.texts.spec, "n": self.texts.n,
+                "seed": self.texts.seed, "dtype": self.model.dtype,
+                "sweep": config_dict(self.layers), "folds": self.folds,
+                "suite": str(Path(self.suite).resolve()) if self.suite else None,
+                "only": list(self.only) if self.only else None}
+
+    def run(self, *, work_dir: str | Path | None = None,
+            progress: bool | None = None) -> ClaimsResult:
+        import tempfile
+
+        timings: dict[str, float] = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(work_dir) if work_dir is not None else Path(tmp)
+            t = time.perf_counter()
+            meas = measure_pga(self.models, texts=self.texts, model=self.model,
+                               layers=self.layers, folds=self.folds, work_dir=work,
+                               progress=progress, suite=self.suite, only=self.only)
+            t1 = time.perf_counter()
+            infos = model_infos(self.models, self.model, meas.models)
+            timings["model_infos_s"] = time.perf_counter() - t1
+            verdicts = pga_verdicts(meas, infos, seed=self.layers.seed, only=self.only,
+                                    suite=self.suite)
+            timings["pga_claims_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            verdicts += self._dispersion(infos, work / "dispersion", progress)
+            timings["dispersion_claims_s"] = time.perf_counter() - t
+        timings.update({f"pga.{k}": v for k, v in meas.timings.items()})
+        return ClaimsResult(self, verdicts, infos, meas, timings)
+
+    def _dispersion(self, infos: list[ModelInfo], work: Path,
+                    progress: bool | None) -> list[ClaimVerdict]:
+        ids = [c for c in DISPERSION_CLAIMS if wanted(c, self.only)]
+        if not ids:
+            return []
+        try:
+            mod = importlib.import_module(DISPERSION_MODULE)
+        except ModuleNotFoundError as exc:
+            if exc.name != DISPERSION_MODULE:
+                raise
+            return [not_testable(c, f"dispersion claim {c}", "dispersion claims not built",
+                                 models=tuple(infos)) for c in ids]
+        only = [c for c in self.only if c.startswith("D")] if self.only else None
+        return list(mod.measure_dispersion_claims(
+            self.models, infos, n=int(self.texts.n or 0), seed=self.texts.seed,
+            device=self.model.device, dtype=self.model.dtype, work_dir=work, progress=progress,
+            suite=self.suite, only=only))
+
+
+@dataclass
+class ClaimsResult:
+    """The verdicts, the models they rest on and the tables they were computed from."""
+
+    config: ClaimsConfig
+    verdicts: list[ClaimVerdict]
+    infos: list[ModelInfo]
+    measurements: PgaMeasurements
+    timings: dict[str, float]
+
+    def rows(self) -> pd.DataFrame:
+        return pd.DataFrame([v.row() for v in self.verdicts],
+                            columns=list(ClaimVerdict.__dataclass_fields__)
+                            + ["widths", "families"]).drop(columns=["details"])
+
+    def extra_tables(self) -> dict[str, pd.DataFrame]:
+        """``layers`` (the layer sweep), ``converge`` and ``suite`` tables when they ran."""
+        m = self.measurements
+        return {k: v for k, v in (("layers", m.layers), ("converge", m.converge),
+                                  ("suite", m.suite)) if v is not None}
+
+    def manifest(self) -> dict[str, Any]:
+        c = self.config
+        m = self.measurements
+        return {"models": [asdict(i) for i in self.infos], "loaded_models": m.models,
+                "texts": m.texts.get("source", c.texts.spec), "n_texts": m.texts.get("n"),
+                "texts_hash": m.texts.get("hash"),
+                "seeds": {"texts": c.texts.seed, "pga_null_and_pairs": c.layers.seed,
+                          "bootstrap": c.layers.seed},
+                "claims": {v.claim: {"verdict": v.verdict, "seed": v.seed,
+                                     "details": _plain(v.details)} for v in self.verdicts},
+                "timings": dict(self.timings)}
+
+    def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
+        from ..report.claims import write_claims_report
+
+        return write_claims_report(folder.path, self.rows(), self.measurements.layers, manifest,
+                                   infos=self.infos,
+                                   title="lmgeom claims — " + ", ".join(self.config.models))
+
+    def summary(self) -> str:
+        from ..report.claims import verdict_lines
+
+        return "\n".join(verdict_lines(self.rows()))
+
+
+def _plain(x: Any) -> Any:
+    """JSON-safe copy of a details dict (numpy numbers → float, tuples → lists)."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if hasattr(x, "item"):
+        return x.item()
+    return x
+
+
+__all__ = ["ClaimsConfig", "ClaimsResult", "installed_bundled", "model_infos", "parse_only",
+           "tuning_of"]

@@ -1,0 +1,145 @@
+"""The measurements behind the Subspace PGA paper's claims P1-P8 (``lmgeom claims``).
+
+Nothing here re-implements a metric: the claims reuse the existing experiments and take their
+verdicts from :mod:`lmgeom.metrics.claims_pga`:
+
+* P1-P5, P8: the ``analyze`` layer sweep (:class:`~lmgeom.experiments.analyze.AnalyzeConfig`:
+  PGA z at CCR 0/1/5/10 with its null band, PC1 readout share, spectral metrics, the linear
+  probes), its per-layer metrics cached by content under ``work_dir/pga``;
+* P7: ``converge`` (:class:`~lmgeom.experiments.convergence.ConvergeExperiment`) on the same
+  texts; its extraction is a hit in the activation cache the layer sweep filled (same texts,
+  points and pooling), so each model runs forward once;
+* P6: ``sweep`` (:class:`~lmgeom.experiments.sweep.SweepConfig`) over a trained width suite.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..errors import ConfigError
+from ..metrics import claims_pga as R
+from ..metrics.claims import ClaimVerdict, ModelInfo, not_testable
+from .analyze import AnalyzeConfig
+from .layer_sweep import LayerSweepConfig
+from .options import ModelOptions, TextOptions
+
+#: every PGA claim id (``P8`` comes with its variant ``P8.wide``)
+PGA_CLAIMS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8")
+#: the claims that rest on the layer sweep
+_SWEEP = {"P1", "P2", "P3", "P4", "P5", "P8"}
+
+
+def wanted(claim: str, only: Sequence[str] | None) -> bool:
+    """Whether ``claim`` (``P8.wide`` counts as ``P8``) is among ``only`` (``None``: all)."""
+    return only is None or claim.split(".")[0] in {o.split(".")[0] for o in only}
+
+
+@dataclass
+class PgaMeasurements:
+    """What the PGA claims were computed from: the tables, the models, the timings."""
+
+    layers: pd.DataFrame | None = None
+    converge: pd.DataFrame | None = None
+    suite: pd.DataFrame | None = None
+    suite_infos: list[ModelInfo] = field(default_factory=list)
+    models: list[dict[str, Any]] = field(default_factory=list)
+    texts: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def measure_pga(models: Sequence[str], *, texts: TextOptions,
+                model: ModelOptions, layers: LayerSweepConfig, folds: int = 5,
+                converge_null: int | None = None, work_dir: Path, progress: bool | None,
+                suite: str | None = None, only: Sequence[str] | None = None) -> PgaMeasurements:
+    """Run what the requested PGA claims need (module docstring) and return the tables."""
+    out = PgaMeasurements()
+    work = Path(work_dir)
+    if any(wanted(c, only) for c in _SWEEP):
+        t = time.perf_counter()
+        res = AnalyzeConfig(models=tuple(models), texts=texts, model=model, layers=layers,
+                            probes=True, folds=folds).run(work_dir=work / "pga", progress=progress)
+        out.layers, out.models, out.texts = res.frame, res.models, res.texts
+        out.timings["layer_sweep_s"] = time.perf_counter() - t
+        out.timings.update({f"sweep.{k}": v for k, v in res.timings.items()})
+    if wanted("P7", only) and len(models) >= 2:
+        from .convergence import ConvergeConfig, ConvergeExperiment
+
+        t = time.perf_counter()
+        conv = ConvergeExperiment(
+            models=tuple(models), texts=texts, model=model, layers=layers.layers,
+            pooling=layers.pooling, max_length=layers.max_length, batch_size=layers.batch_size,
+            config=ConvergeConfig(k=layers.k, n_null=converge_null or layers.n_null,
+                                  seed=layers.seed, heatmap=False))
+        out.converge = conv.run(work_dir=work / "converge", progress=progress).frame
+        out.timings["converge_s"] = time.perf_counter() - t
+    if wanted("P6", only) and suite is not None:
+        t = time.perf_counter()
+        out.suite, out.suite_infos = _suite_sweep(suite, texts, layers, work / "suite", progress)
+        out.timings["suite_sweep_s"] = time.perf_counter() - t
+    return out
+
+
+def _suite_sweep(suite: str, texts: TextOptions, layers: LayerSweepConfig, work: Path,
+                 progress: bool | None) -> tuple[pd.DataFrame, list[ModelInfo]]:
+    from .sweep import SweepConfig, jobs_from_suite
+
+    jobs = jobs_from_suite(suite)
+    res = SweepConfig(jobs=tuple(jobs), texts=texts, layers=layers,
+                      suite=str(Path(suite).resolve())).run(work_dir=work / ".work",
+                                                           progress=progress)
+    infos = {j.model: ModelInfo(name=j.model, d=int(j.width or 0), family="suite", tuned="base")
+             for j in jobs}
+    return res.rows(), list(infos.values())
+
+
+def pga_verdicts(m: PgaMeasurements, infos: Sequence[ModelInfo], *, seed: int = 0,
+                 only: Sequence[str] | None = None, suite: str | None = None
+                 ) -> list[ClaimVerdict]:
+    """P1-P8 (and P8.wide) from the measurements, in claim order (only those in ``only``)."""
+    out: list[ClaimVerdict] = []
+    df = m.layers
+    no_sweep = "the layer sweep did not run"
+    for claim, rule in (("P1", R.p1_wide_stay_positive), ("P2", R.p2_narrow_collapse),
+                        ("P3", lambda d, i: R.p3_pc1_leaves_readout(d, i, seed=seed)),
+                        ("P4", R.p4_ccr_restores),
+                        ("P5", lambda d, i: R.p5_spectral_flat(d, i, seed=seed))):
+        if wanted(claim, only):
+            out.append(rule(df, infos) if df is not None
+                       else not_testable(claim, R.STATEMENTS[claim], no_sweep))
+    if wanted("P6", only):
+        reason = "" if suite is None else "the width suite's sweep gave no rows"
+        out.append(R.p6_width_suite(m.suite, m.suite_infos or infos, reason=reason))
+    if wanted("P7", only):
+        out.append(R.p7_convergence(m.converge, infos, seed=seed))
+    if wanted("P8", only):
+        out += (R.p8_probes(df, infos, seed=seed) if df is not None
+                else [not_testable(c, R.STATEMENTS[c], no_sweep) for c in ("P8", "P8.wide")])
+    return out
+
+
+def measure_pga_claims(models: Sequence[str], infos: Sequence[ModelInfo], *, n: int, seed: int,
+                       device: str | None, dtype: str | None, work_dir: Path,
+                       progress: bool | None, suite: str | None = None,
+                       only: Sequence[str] | None = None) -> list[ClaimVerdict]:
+    """P1-P8 verdicts on ``models`` (the same signature as
+    ``claims_dispersion.measure_dispersion_claims``): the default texts (``builtin:domains``,
+    ``n`` of them, seeded), the default layer sweep, ``device`` / ``dtype`` for the models."""
+    if not models:
+        raise ConfigError("give at least one model")
+    layers = LayerSweepConfig(seed=seed)
+    meas = measure_pga(models, texts=TextOptions(n=n, seed=seed),
+                       model=ModelOptions(dtype=dtype or "float32", device=device),
+                       layers=layers, work_dir=Path(work_dir), progress=progress, suite=suite,
+                       only=only)
+    return pga_verdicts(meas, infos, seed=seed, only=only, suite=suite)
+
+
+__all__ = ["PGA_CLAIMS", "PgaMeasurements", "measure_pga", "measure_pga_claims",
+           "pga_verdicts", "wanted"]

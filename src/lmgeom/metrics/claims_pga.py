@@ -1,0 +1,603 @@
+"""The verdict rules of the Subspace PGA paper's claims P1-P8 (``lmgeom claims``).
+
+Each rule is a pure function of tidy results tables (:mod:`lmgeom.results.table` columns: the
+``analyze`` layer table, the ``converge`` table, a width suite's ``sweep`` table) and the
+models' :class:`~lmgeom.metrics.claims.ModelInfo`, returning one
+:class:`~lmgeom.metrics.claims.ClaimVerdict`. The collapse-zone rule is
+:mod:`lmgeom.metrics.regime`'s (one rule for the report, the sweep and these claims).
+
+Confidence intervals, by kind (each row's ``reason`` says which):
+
+* **z null** — a layer's PGA z against its own null: the interval ``[z - h, z - l]`` where
+  ``l``, ``h`` are the null's 2.5 / 97.5 % points in z units (the ``null_z_low`` /
+  ``null_z_high`` rows, 100 random frames). It lies above 0 exactly when z is above the null
+  band (significantly positive), below 0 when z is below it. A claim about *every* layer of a
+  set uses the lowest (or highest) bounds over the set.
+* **bootstrap over layers** — a per-layer quantity averaged (or correlated) over a set of
+  layers: a seeded percentile bootstrap that resamples the layers.
+* **folds** — a probe accuracy: the t-interval over the cross-validation folds.
+
+Across models a claim is ``supported`` / ``contradicted`` when every model tested gives that
+verdict; otherwise ``inconclusive`` (the evidence is split); per-model verdicts are in the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .claims import (
+    CONTRADICTED,
+    INCONCLUSIVE,
+    NOT_TESTABLE,
+    SUPPORTED,
+    ClaimVerdict,
+    ModelInfo,
+    not_testable,
+    verdict_from_interval,
+)
+from .regime import collapse_profile
+
+#: P1 and the wide half of P8: "wide" models
+WIDE_D = 2048
+#: P2: "narrow" models
+NARROW_D = 1024
+#: P4: CCR-5/10 restoration
+P4_D = 768
+#: the primary setting (the method's default CCR-1)
+PRIMARY = "ccr=1"
+#: P5: |Spearman(z, spectral metric)| over the swing below this = "flat where PGA swings"
+P5_MAX_RHO = 0.5
+P5_METRICS = ("rankme", "alpha_req", "isoscore", "mean_cosine")
+#: P5 / P8.wide: fewest layers a correlation over layers rests on
+MIN_LAYERS = 5
+#: P6: relative spread of the val loss across widths below this = "loss curves look alike"
+P6_MAX_LOSS_SPREAD = 0.10
+#: P7: the readout agreement's mean null z must exceed this
+P7_MIN_Z = 1.96
+#: P8: probe accuracy in the zone "stays high" = at least this share of the best layer's
+P8_KEEP = 0.9
+#: P8.wide: Spearman(probe accuracy, z) over layers above this = "follows z"
+P8_MIN_RHO = 0.5
+N_BOOT = 2000
+
+STATEMENTS: dict[str, str] = {
+    "P1": "models with d >= 2048 keep PGA z significantly positive through the intermediate layers",
+    "P2": "models with d <= 1024 have a collapse zone (z < 0) in late non-final layers and "
+          "recover at the final layer",
+    "P3": "in the collapse zone PC1's readout share falls below the random baseline k/d",
+    "P4": "CCR-5 and CCR-10 restore positive z in every layer of models with d >= 768",
+    "P5": "spectral metrics (RankMe, alpha-ReQ, IsoScore, mean cosine) stay flat where PGA z swings",
+    "P6": "loss curves look alike across widths while the geometry reorganises (width suite)",
+    "P7": "cross-model agreement of distances is higher in the readout spaces than in the full "
+          "spaces and than in random spaces",
+    "P8": "probe accuracy stays high in the collapse zone of narrow models (and follows z in "
+          "wide ones)",
+    "P8.wide": "probe accuracy follows PGA z across layers in models with d >= 2048",
+}
+
+CI_Z = "CI: z null (z minus the null's 97.5/2.5 % points)"
+CI_LAYERS = "CI: bootstrap over layers"
+CI_FOLDS = "CI: t-interval over CV folds"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@dataclass(frozen=True)
+class Call:
+    """One model's verdict on a claim, before the claim's verdict over models."""
+
+    model: ModelInfo
+    verdict: str
+    estimate: float
+    ci_low: float
+    ci_high: float
+    note: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def all_of(verdicts: Sequence[str]) -> str:
+    """Verdict of a conjunction: contradicted when any part is, supported when all are,
+    else inconclusive (``not testable here`` when there is no part)."""
+    if not verdicts:
+        return NOT_TESTABLE
+    if CONTRADICTED in verdicts:
+        return CONTRADICTED
+    if all(v == SUPPORTED for v in verdicts):
+        return SUPPORTED
+    return INCONCLUSIVE
+
+
+def over_models(verdicts: Sequence[str]) -> str:
+    """Verdict over models: the common verdict when all agree, else inconclusive (split)."""
+    vs = [v for v in verdicts if v != NOT_TESTABLE]
+    if not vs:
+        return NOT_TESTABLE
+    return vs[0] if all(v == vs[0] for v in vs) else INCONCLUSIVE
+
+
+def bootstrap_ci(values: Sequence[float], stat, *, seed: int, n_boot: int = N_BOOT,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of ``stat(values[idx])`` over resampled indices (seeded);
+    ``(v, v)`` for one value."""
+    x = np.asarray(values, dtype=float)
+    if x.shape[0] == 0:
+        return math.nan, math.nan
+    if x.shape[0] == 1:
+        v = float(stat(x))
+        return v, v
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, x.shape[0], size=(n_boot, x.shape[0]))
+    boots = np.array([stat(x[i]) for i in idx], dtype=float)
+    boots = boots[np.isfinite(boots)]
+    if boots.size == 0:
+        return math.nan, math.nan
+    a = (1 - level) / 2
+    return float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a))
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman correlation (average ranks; NaN when either side is constant)."""
+    ra = pd.Series(np.asarray(a, dtype=float)).rank().to_numpy()
+    rb = pd.Series(np.asarray(b, dtype=float)).rank().to_numpy()
+    if ra.std() == 0 or rb.std() == 0:
+        return math.nan
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _plain(df: pd.DataFrame, model: str, metric: str, setting: str | None = None) -> pd.DataFrame:
+    """Plain layer rows (``0..L``, ``final``) of one model and metric, in layer order."""
+    sel = ((df["model"].astype(str) == model) & (df["metric"] == metric)
+           & (df["layer_index"] >= 0)
+           & ~df["layer"].astype(str).str.contains(".", regex=False))
+    if setting is not None:
+        sel &= df["setting"].astype(str) == setting
+    rows = df.loc[sel]
+    rows = rows[np.isfinite(rows["value"].astype(float))]
+    return rows.drop_duplicates("layer_index", keep="first").sort_values("layer_index")
+
+
+def z_profile(df: pd.DataFrame, model: str, setting: str = PRIMARY) -> pd.DataFrame:
+    """One model's PGA z per layer with its null band: columns ``layer``, ``layer_index``,
+    ``z``, ``lo``, ``hi`` (``lo`` / ``hi``: the null's 2.5 / 97.5 % points in z units;
+    ±1.96 where the table has no band), layer order."""
+    z = _plain(df, model, "pga_z", setting)[["layer", "layer_index", "value"]]
+    z = z.rename(columns={"value": "z"})
+    for metric, col, default in (("null_z_low", "lo", -1.96), ("null_z_high", "hi", 1.96)):
+        band = _plain(df, model, metric, setting)[["layer_index", "value"]]
+        z = z.merge(band.rename(columns={"value": col}), on="layer_index", how="left")
+        z[col] = z[col].astype(float).fillna(default)
+    z["layer"] = z["layer"].astype(str)
+    return z.reset_index(drop=True)
+
+
+def _final_index(prof: pd.DataFrame) -> int:
+    labels = list(prof["layer"])
+    return int(prof["layer_index"].iloc[labels.index("final")] if "final" in labels
+               else prof["layer_index"].max())
+
+
+def _every(prof: pd.DataFrame) -> tuple[float, float]:
+    """z-null interval of "z > 0 at every layer of ``prof``": the lowest bounds."""
+    return float((prof["z"] - prof["hi"]).min()), float((prof["z"] - prof["lo"]).min())
+
+
+def _claim(claim: str, calls: Sequence[Call], *, quantity: str, threshold: float,
+           direction: str, ci: str, seed: int | None = None, prefix: str = "",
+           statement: str | None = None) -> ClaimVerdict:
+    """The claim's row from its per-model calls: the verdict over models, the estimate and
+    CI of the model with the weakest support (lowest margin on the claim's side)."""
+    sign = 1.0 if direction == ">" else -1.0
+
+    def margin(c: Call) -> float:
+        edge = c.ci_low if direction == ">" else c.ci_high
+        v = sign * (edge - threshold)
+        return v if math.isfinite(v) else -math.inf
+
+    weakest = min(calls, key=margin)
+    verdict = over_models([c.verdict for c in calls])
+    per = "; ".join(f"{c.model.name} (d={c.model.d}): {c.verdict} — {c.note}" for c in calls)
+    split = " (evidence split across models)" if (
+        verdict == INCONCLUSIVE and len({c.verdict for c in calls}) > 1) else ""
+    return ClaimVerdict(
+        claim=claim, statement=statement or STATEMENTS[claim], verdict=verdict,
+        reason=f"{prefix}{per}{split}; {ci}", quantity=quantity,
+        estimate=weakest.estimate, ci_low=weakest.ci_low, ci_high=weakest.ci_high,
+        threshold=threshold, direction=direction, models=tuple(c.model for c in calls),
+        seed=seed, details={c.model.name: {"verdict": c.verdict, "estimate": c.estimate,
+                                           "ci": [c.ci_low, c.ci_high], "note": c.note, **c.extra}
+                            for c in calls})
+
+
+def _widest(infos: Sequence[ModelInfo]) -> str:
+    if not infos:
+        return "no model was measured"
+    w = max(infos, key=lambda m: m.d)
+    return f"the widest model here has d = {w.d} ({w.name})"
+
+
+def _narrowest(infos: Sequence[ModelInfo]) -> str:
+    if not infos:
+        return "no model was measured"
+    w = min(infos, key=lambda m: m.d)
+    return f"the narrowest model here has d = {w.d} ({w.name})"
+
+
+def _zone(prof: pd.DataFrame):
+    """The collapse profile (:func:`~lmgeom.metrics.regime.collapse_profile`) of a z profile."""
+    return collapse_profile(list(prof["layer"]), list(prof["z"]))
+
+
+# --------------------------------------------------------------------------- P1, P2, P4
+
+
+def p1_wide_stay_positive(df: pd.DataFrame, infos: Sequence[ModelInfo]) -> ClaimVerdict:
+    """P1: in every model with d >= 2048, z (CCR-1) is above its null band at every
+    intermediate layer (1 .. L-1: no embedding, no last block, no final point)."""
+    wide = [m for m in infos if m.d >= WIDE_D]
+    if not wide:
+        return not_testable("P1", STATEMENTS["P1"], f"needs d >= {WIDE_D}; {_widest(infos)}",
+                            models=tuple(infos), quantity="min z over intermediate layers")
+    calls = []
+    for m in wide:
+        prof = z_profile(df, m.name)
+        last = m.n_layers or _final_index(prof) - 1
+        mid = prof[(prof["layer_index"] >= 1) & (prof["layer_index"] <= last - 1)]
+        if mid.empty:
+            calls.append(Call(m, INCONCLUSIVE, math.nan, math.nan, math.nan,
+                              "no intermediate-layer z"))
+            continue
+        lo, hi = _every(mid)
+        k = int(mid["z"].to_numpy().argmin())
+        calls.append(Call(m, verdict_from_interval(lo, hi, 0.0, ">"), float(mid["z"].iloc[k]),
+                          lo, hi, f"min z {mid['z'].iloc[k]:.2f} at layer {mid['layer'].iloc[k]}"))
+    return _claim("P1", calls, quantity="min CCR-1 z over intermediate layers", threshold=0.0,
+                  direction=">", ci=CI_Z)
+
+
+def _p2_call(m: ModelInfo, prof: pd.DataFrame) -> Call:
+    f = _zone(prof)
+    fin = prof[prof["layer"] == (f.final_layer or "")]
+    if not f.zones:
+        after = prof[prof["layer"].isin(f.after)]
+        if after.empty:
+            return Call(m, CONTRADICTED, math.nan, math.nan, math.nan,
+                        f"no collapse zone (peak at the last non-final layer {f.peak_layer})")
+        k = int(after["z"].to_numpy().argmin())
+        r = after.iloc[k]
+        return Call(m, CONTRADICTED, float(r.z), float(r.z - r.hi), float(r.z - r.lo),
+                    f"no collapse zone: lowest z after the peak {r.z:.2f} at layer {r.layer}")
+    worst = min(f.zones, key=lambda zn: zn.min_z)
+    r = prof[prof["layer"] == worst.min_layer].iloc[0]
+    zone_lo, zone_hi = float(r.z - r.hi), float(r.z - r.lo)
+    v_zone = verdict_from_interval(zone_lo, zone_hi, 0.0, "<")
+    if fin.empty:
+        v_fin, fin_note = INCONCLUSIVE, "no final layer"
+    else:
+        q = fin.iloc[0]
+        v_fin = verdict_from_interval(float(q.z - q.hi), float(q.z - q.lo), 0.0, ">")
+        fin_note = f"final z {q.z:.2f} ({'recovers' if v_fin == SUPPORTED else v_fin})"
+    zones = ", ".join(f"{zn.layers[0]}-{zn.layers[-1]}" if len(zn.layers) > 1 else zn.layers[0]
+                      for zn in f.zones)
+    return Call(m, all_of([v_zone, v_fin]), float(r.z), zone_lo, zone_hi,
+                f"collapse zone {zones} (min z {r.z:.2f} at layer {r.layer}, {v_zone}); "
+                f"{fin_note}", {"zone_layers": [list(zn.layers) for zn in f.zones]})
+
+
+def p2_narrow_collapse(df: pd.DataFrame, infos: Sequence[ModelInfo]) -> ClaimVerdict:
+    """P2: every model with d <= 1024 has a collapse zone (the regime rule on CCR-1 z) whose
+    lowest z is below its null band, and a final-layer z above its null band."""
+    narrow = [m for m in infos if m.d <= NARROW_D]
+    if not narrow:
+        return not_testable("P2", STATEMENTS["P2"], f"needs d <= {NARROW_D}; "
+                            f"{_narrowest(infos)}", models=tuple(infos),
+                            quantity="min CCR-1 z in the collapse zone")
+    calls = [_p2_call(m, z_profile(df, m.name)) for m in narrow]
+    return _claim("P2", calls, quantity="min CCR-1 z in the collapse zone", threshold=0.0,
+                  direction="<", ci=CI_Z + "; the final layer must be above its band")
+
+
+def p4_ccr_restores(df: pd.DataFrame, infos: Sequence[ModelInfo],
+                    levels: Sequence[int] = (5, 10)) -> ClaimVerdict:
+    """P4: for every model with d >= 768, at each of CCR-5 and CCR-10, z is above its null
+    band at every layer (0 .. L and final)."""
+    wide = [m for m in infos if m.d >= P4_D]
+    if not wide:
+        return not_testable("P4", STATEMENTS["P4"], f"needs d >= {P4_D}; {_widest(infos)}",
+                            models=tuple(infos), quantity="min CCR-5/10 z over all layers")
+    calls = []
+    for m in wide:
+        parts = []
+        for lev in levels:
+            prof = z_profile(df, m.name, f"ccr={lev}")
+            if prof.empty:
+                continue
+            lo, hi = _every(prof)
+            k = int(prof["z"].to_numpy().argmin())
+            parts.append((lev, verdict_from_interval(lo, hi, 0.0, ">"), float(prof["z"].iloc[k]),
+                          lo, hi, str(prof["layer"].iloc[k])))
+        if not parts:
+            calls.append(Call(m, INCONCLUSIVE, math.nan, math.nan, math.nan,
+                              "no CCR-5/10 rows (run with --ccr 0,1,5,10)"))
+            continue
+        w = min(parts, key=lambda t: t[3])
+        note = "; ".join(f"CCR-{lev}: min z {z:.2f} at layer {lab} ({v})"
+                         for lev, v, z, _, _, lab in parts)
+        calls.append(Call(m, all_of([p[1] for p in parts]), w[2], w[3], w[4], note))
+    return _claim("P4", calls, quantity="min CCR-5/10 z over all layers", threshold=0.0,
+                  direction=">", ci=CI_Z)
+
+
+# --------------------------------------------------------------------------- P3, P5, P8
+
+
+def _zone_layers(df: pd.DataFrame, m: ModelInfo) -> list[str]:
+    prof = z_profile(df, m.name)
+    if len(prof) < 2:
+        return []
+    return [lab for zn in _zone(prof).zones for lab in zn.layers]
+
+
+def p3_pc1_leaves_readout(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed: int = 0
+                          ) -> ClaimVerdict:
+    """P3: in each model's collapse zone, the mean over the zone's layers of PC1's readout
+    share divided by its random baseline k/d is below 1 (bootstrap over the zone's layers)."""
+    calls = []
+    for m in infos:
+        zone = _zone_layers(df, m)
+        if not zone:
+            continue
+        share = _plain(df, m.name, "pc1_share").set_index("layer")["value"]
+        base = _plain(df, m.name, "pc1_baseline").set_index("layer")["value"]
+        have = [lab for lab in zone if lab in share.index and lab in base.index]
+        if not have:
+            calls.append(Call(m, INCONCLUSIVE, math.nan, math.nan, math.nan, "no PC1 rows"))
+            continue
+        ratio = np.array([share[lab] / base[lab] for lab in have], dtype=float)
+        lo, hi = bootstrap_ci(ratio, np.mean, seed=seed)
+        calls.append(Call(m, verdict_from_interval(lo, hi, 1.0, "<"), float(ratio.mean()), lo, hi,
+                          f"share/baseline {ratio.mean():.2f} over zone layers "
+                          f"{have[0]}-{have[-1]} ({len(have)} layers)"))
+    if not calls:
+        return not_testable("P3", STATEMENTS["P3"], "no model here has a collapse zone (see P2), "
+                            "so there is no zone to look at", models=tuple(infos),
+                            quantity="PC1 readout share / (k/d) in the zone")
+    return _claim("P3", calls, quantity="mean PC1 readout share / (k/d) over the collapse zone",
+                  threshold=1.0, direction="<", ci=CI_LAYERS + f" (seed {seed})", seed=seed)
+
+
+def _swing(prof: pd.DataFrame) -> pd.DataFrame:
+    """The non-final layers from the z peak on (all non-final ones when fewer than
+    :data:`MIN_LAYERS`)."""
+    nf = prof[prof["layer_index"] != _final_index(prof)]
+    if nf.empty:
+        return nf
+    peak = int(nf["z"].to_numpy().argmax())
+    after = nf.iloc[peak:]
+    return after if len(after) >= MIN_LAYERS else nf
+
+
+def p5_spectral_flat(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed: int = 0
+                     ) -> ClaimVerdict:
+    """P5: over the layers where z swings (from its peak on), no spectral metric follows z:
+    max over metrics of |Spearman(z, metric)| across those layers is below 0.5 (bootstrap
+    over layers). A model whose z does not swing beyond its null band is inconclusive."""
+    calls = []
+    for m in infos:
+        win = _swing(z_profile(df, m.name))
+        if len(win) < MIN_LAYERS:
+            calls.append(Call(m, INCONCLUSIVE, math.nan, math.nan, math.nan,
+                              f"fewer than {MIN_LAYERS} layers"))
+            continue
+        mets = {}
+        for name in P5_METRICS:
+            s = _plain(df, m.name, name).set_index("layer_index")["value"]
+            if set(win["layer_index"]) <= set(s.index):
+                mets[name] = s.loc[list(win["layer_index"])].to_numpy(dtype=float)
+        if not mets:
+            calls.append(Call(m, INCONCLUSIVE, math.nan, math.nan, math.nan, "no spectral rows"))
+            continue
+        z = win["z"].to_numpy(dtype=float)
+        rows = np.column_stack([z, *mets.values()])
+
+        def stat(r: np.ndarray) -> float:
+            # a constant metric (or a constant resampled z) does not follow z: |rho| = 0
+            vals = [abs(spearman(r[:, 0], r[:, j])) for j in range(1, r.shape[1])]
+            return max(v if math.isfinite(v) else 0.0 for v in vals)
+
+        est = stat(rows)
+        lo, hi = bootstrap_ci(rows, stat, seed=seed)
+        band = float((win["hi"] - win["lo"]).mean())
+        swing = float(z.max() - z.min())
+        rhos = ", ".join(f"{n} {spearman(z, v):+.2f}" for n, v in mets.items())
+        if not swing > band:
+            calls.append(Call(m, INCONCLUSIVE, est, lo, hi, f"z swings only {swing:.2f} "
+                              f"(null band {band:.2f}); rho: {rhos}"))
+            continue
+        calls.append(Call(m, verdict_from_interval(lo, hi, P5_MAX_RHO, "<"), est, lo, hi,
+                          f"z swings {swing:.2f} over layers {win['layer'].iloc[0]}-"
+                          f"{win['layer'].iloc[-1]}; Spearman with z: {rhos}"))
+    if not calls:
+        return not_testable("P5", STATEMENTS["P5"], "no model measured", quantity="")
+    return _claim("P5", calls, quantity="max |Spearman(z, spectral metric)| over the z swing",
+                  threshold=P5_MAX_RHO, direction="<", ci=CI_LAYERS + f" (seed {seed})",
+                  seed=seed)
+
+
+def p8_probes(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed: int = 0
+              ) -> list[ClaimVerdict]:
+    """P8 (narrow half) and P8.wide.
+
+    P8: in each model's collapse zone the lowest probe accuracy is at least 0.9 × the best
+    non-final layer's (CI: folds). P8.wide: in models with d >= 2048, Spearman(probe
+    accuracy, CCR-1 z) over the non-final layers is above 0.5 (bootstrap over layers)."""
+    has = (df["metric"] == "probe_acc").any()
+    why = "needs labelled texts (the linear probes); none here"
+    narrow, wide = [], []
+    for m in infos:
+        acc = _plain(df, m.name, "probe_acc")
+        if acc.empty:
+            continue
+        prof = z_profile(df, m.name)
+        fi = _final_index(prof) if len(prof) else -1
+        nf = acc[acc["layer_index"] != fi]
+        best = float(nf["value"].max()) if not nf.empty else math.nan
+        zone = _zone_layers(df, m)
+        if zone and m.d <= NARROW_D:
+            za = acc[acc["layer"].astype(str).isin(zone)]
+            if not za.empty:
+                r = za.loc[za["value"].astype(float).idxmin()]
+                lo = float(r.ci_low) if math.isfinite(float(r.ci_low)) else float(r.value)
+                hi = float(r.ci_high) if math.isfinite(float(r.ci_high)) else float(r.value)
+                thr = P8_KEEP * best
+                narrow.append(Call(m, verdict_from_interval(lo, hi, thr, ">"), float(r.value),
+                                   lo, hi, f"lowest zone accuracy {r.value:.3f} at layer {r.layer}"
+                                   f" vs {P8_KEEP} x best {best:.3f} = {thr:.3f}",
+                                   {"threshold": thr}))
+        if m.d >= WIDE_D:
+            both = nf.merge(prof[["layer_index", "z"]], on="layer_index")
+            pairs = both[["value", "z"]].to_numpy(dtype=float)
+            if len(pairs) < MIN_LAYERS:
+                continue
+            st = (lambda r: spearman(r[:, 0], r[:, 1]))
+            est = st(pairs)
+            lo, hi = bootstrap_ci(pairs, st, seed=seed)
+            wide.append(Call(m, verdict_from_interval(lo, hi, P8_MIN_RHO, ">"), est, lo, hi,
+                             f"Spearman(probe accuracy, z) {est:.2f} over {len(pairs)} layers"))
+    out = []
+    if narrow:
+        # the threshold differs per model (0.9 x its best): the row shows the weakest model's
+        v = _claim("P8", narrow, quantity="lowest probe accuracy in the collapse zone",
+                   threshold=narrow[0].extra["threshold"], direction=">", ci=CI_FOLDS,
+                   prefix=f"narrow half only (the wide half is P8.wide); threshold {P8_KEEP} x "
+                          "each model's best non-final layer; ")
+        weakest = min(narrow, key=lambda c: c.ci_low - c.extra["threshold"])
+        out.append(replace(v, threshold=weakest.extra["threshold"]))
+    else:
+        reason = why if not has else "no model with d <= 1024 here has a collapse zone (P2)"
+        out.append(not_testable("P8", STATEMENTS["P8"], reason, models=tuple(infos)))
+    if wide:
+        out.append(_claim("P8.wide", wide, quantity="Spearman(probe accuracy, z) over layers",
+                          threshold=P8_MIN_RHO, direction=">", ci=CI_LAYERS + f" (seed {seed})",
+                          seed=seed))
+    else:
+        reason = (f"needs d >= {WIDE_D}; {_widest(infos)}" if has or not infos else why)
+        out.append(not_testable("P8.wide", STATEMENTS["P8.wide"], reason, models=tuple(infos)))
+    return out
+
+
+# --------------------------------------------------------------------------- P6, P7
+
+
+def p6_width_suite(sweep: pd.DataFrame | None, infos: Sequence[ModelInfo] = (),
+                   *, reason: str = "") -> ClaimVerdict:
+    """P6 on a width suite's sweep table (``val_loss`` and ``pga_z`` rows per width label ×
+    step revision): the loss curves look alike when the relative spread of the val loss
+    across widths, ``(max - min) / mean``, stays below 0.10 at every step all widths share
+    from the second half of training on (CI: the range of that spread over those steps);
+    the geometry reorganises when the widths' CCR-1 regimes (collapse zone or none, at the
+    last checkpoint) differ, or their lowest non-final z differ by more than the null band.
+    Both halves must hold."""
+    q = "relative spread of val loss across widths"
+    if sweep is None or sweep.empty:
+        return not_testable("P6", STATEMENTS["P6"], reason or "needs a trained width suite "
+                            "(--suite DIR from `lmgeom suite train`); none given",
+                            models=tuple(infos), quantity=q)
+    loss = sweep[sweep["metric"] == "val_loss"][["model", "revision", "value"]]
+    widths = sorted(set(loss["model"].astype(str)))
+    if len(widths) < 2:
+        return not_testable("P6", STATEMENTS["P6"], "needs at least two widths with val loss in "
+                            "the suite", models=tuple(infos), quantity=q)
+    wide = loss.pivot_table(index="revision", columns="model", values="value").dropna()
+    wide = wide.loc[sorted(wide.index, key=_step)]
+    if wide.empty:
+        return not_testable("P6", STATEMENTS["P6"], "the widths share no checkpoint step",
+                            models=tuple(infos), quantity=q)
+    late = wide.iloc[len(wide) // 2:]
+    spread = ((late.max(axis=1) - late.min(axis=1)) / late.mean(axis=1)).to_numpy(dtype=float)
+    v_loss = verdict_from_interval(float(spread.min()), float(spread.max()),
+                                   P6_MAX_LOSS_SPREAD, "<")
+    last = str(wide.index[-1])
+    regimes, mins, bands = {}, {}, []
+    for w in widths:
+        prof = z_profile(sweep[sweep["revision"].astype(str) == last], w)
+        if len(prof) < 2:
+            continue
+        f = _zone(prof)
+        nf = prof[prof["layer_index"] != _final_index(prof)]
+        regimes[w] = "detour" if f.zones else "direct"
+        mins[w] = float(nf["z"].min())
+        bands.append(float((nf["hi"] - nf["lo"]).mean()))
+    if len(regimes) < 2:
+        v_geo, geo = INCONCLUSIVE, "fewer than two widths with a z profile at the last step"
+    else:
+        rng = max(mins.values()) - min(mins.values())
+        band = float(np.mean(bands))
+        v_geo = (SUPPORTED if len(set(regimes.values())) > 1 or rng > band
+                 else CONTRADICTED)
+        geo = (f"at {last}: regimes " + ", ".join(f"{w} {r}" for w, r in regimes.items())
+               + f"; lowest z range {rng:.2f} vs null band {band:.2f}")
+    verdict = all_of([v_loss, v_geo])
+    return ClaimVerdict(
+        claim="P6", statement=STATEMENTS["P6"], verdict=verdict,
+        reason=(f"loss: spread {spread.min():.3f}-{spread.max():.3f} over {len(late)} late steps "
+                f"({v_loss}); geometry: {geo} ({v_geo}); CI: range over the late checkpoints"),
+        quantity=q, estimate=float(spread[-1]), ci_low=float(spread.min()),
+        ci_high=float(spread.max()), threshold=P6_MAX_LOSS_SPREAD, direction="<",
+        models=tuple(infos), details={"regimes": regimes, "min_z": mins,
+                                      "loss_verdict": v_loss, "geometry_verdict": v_geo})
+
+
+def _step(revision: str) -> int:
+    digits = "".join(c for c in str(revision) if c.isdigit())
+    return int(digits) if digits else 0
+
+
+def p7_convergence(conv: pd.DataFrame | None, infos: Sequence[ModelInfo], *, seed: int = 0
+                   ) -> ClaimVerdict:
+    """P7 on a ``converge`` table: over every model pair's matched layers, the mean of
+    ``conv_readout - conv_full`` is above 0 and the mean null z of ``conv_readout`` is above
+    1.96 (both with a bootstrap over the matched layer pairs); both must hold."""
+    q = "mean Spearman(D_A, D_B) readout minus full over matched layers"
+    if conv is None or conv.empty or len(infos) < 2:
+        return not_testable("P7", STATEMENTS["P7"], "needs at least two models on the same "
+                            "texts", models=tuple(infos), quantity=q)
+    wide = conv.pivot_table(index=["model", "layer_index", "setting"], columns="metric",
+                            values="value", aggfunc="first").reset_index()
+    wide = wide.dropna(subset=["conv_full", "conv_readout", "conv_z"])
+    if wide.empty:
+        return not_testable("P7", STATEMENTS["P7"], "no finite convergence rows", quantity=q,
+                            models=tuple(infos))
+    diff = (wide["conv_readout"] - wide["conv_full"]).to_numpy(dtype=float)
+    z = wide["conv_z"].to_numpy(dtype=float)
+    lo_d, hi_d = bootstrap_ci(diff, np.mean, seed=seed)
+    lo_z, hi_z = bootstrap_ci(z, np.mean, seed=seed)
+    v_full = verdict_from_interval(lo_d, hi_d, 0.0, ">")
+    v_null = verdict_from_interval(lo_z, hi_z, P7_MIN_Z, ">")
+    n_pairs = wide[["model", "setting"]].assign(
+        vs=wide["setting"].astype(str).str.extract(r"vs=([^;]*)")[0])[["model", "vs"]]
+    n_pairs = len(n_pairs.drop_duplicates())
+    return ClaimVerdict(
+        claim="P7", statement=STATEMENTS["P7"], verdict=all_of([v_full, v_null]),
+        reason=(f"{len(diff)} matched layer pairs over {n_pairs} model pairs: readout - full "
+                f"{diff.mean():+.3f} [{lo_d:+.3f}, {hi_d:+.3f}] ({v_full}); readout vs random "
+                f"k-frames mean z {z.mean():.2f} [{lo_z:.2f}, {hi_z:.2f}] vs {P7_MIN_Z} "
+                f"({v_null}); {CI_LAYERS} (seed {seed})"),
+        quantity=q, estimate=float(diff.mean()), ci_low=lo_d, ci_high=hi_d, threshold=0.0,
+        direction=">", models=tuple(infos), seed=seed,
+        details={"mean_z": float(z.mean()), "z_ci": [lo_z, hi_z], "full_verdict": v_full,
+                 "null_verdict": v_null, "n_layer_pairs": int(len(diff))})
+
+
+__all__ = [
+    "N_BOOT", "NARROW_D", "P4_D", "PRIMARY", "STATEMENTS", "WIDE_D", "Call", "all_of",
+    "bootstrap_ci", "over_models", "p1_wide_stay_positive", "p2_narrow_collapse",
+    "p3_pc1_leaves_readout", "p4_ccr_restores", "p5_spectral_flat", "p6_width_suite",
+    "p7_convergence", "p8_probes", "spearman", "z_profile",
+]
