@@ -24,6 +24,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"metrics"}),
     frozenset({"activations"}),
     frozenset({"lm"}),
+    frozenset({"monitor"}),
     frozenset({"training"}),
     frozenset({"report"}),
     frozenset({"engines"}),
