@@ -253,7 +253,7 @@ def test_datastore_cache_roundtrip_and_reuse(llama, tmp_path, monkeypatch):
         again = Datastore.open(s.folder)
         assert np.array_equal(again.keys, s.keys) and np.array_equal(again.values, s.values)
     assert not list(tmp_path.glob("*.tmp*"))
-    import lmgeom.lm.knnlm as K
+    import lmgeom.lm.datastore as K
 
     def boom(*a, **k):
         raise AssertionError("the model ran although every datastore was cached")
