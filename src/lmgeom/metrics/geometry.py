@@ -45,6 +45,7 @@ __all__ = [
     "ccr",
     "ccr_levels",
     "center",
+    "check_basis",
     "duplicate_groups",
     "null_frames",
     "random_frame",
@@ -358,6 +359,41 @@ def readout_basis(W_U: Any, k: int = 100, *, gain: Any = None,
     signs = np.sign(Vk[idx, np.arange(k)])
     signs[signs == 0] = 1.0
     return np.ascontiguousarray(Vk * signs)
+
+
+#: Largest ``|V^T V - I|`` entry :func:`check_basis` accepts.
+_ORTHO_TOL = 1e-6
+
+
+def check_basis(basis: Any, d: int, *, name: str = "basis", label: str | None = None) -> np.ndarray:
+    """Validate a (d, k) orthonormal basis with 0 < k < d."""
+    shape = tuple(getattr(basis, "shape", np.shape(basis)))
+    if len(shape) != 2:
+        raise config_error(f"{name} must be a (d, k) matrix; got shape {shape}", label)
+    if shape[0] != d:
+        raise config_error(
+            f"{name} has {shape[0]} rows but the states have d={d} columns; build it from "
+            "this model's W_U with readout_basis(W_U, k)",
+            label,
+        )
+    k = shape[1]
+    if k <= 0:
+        raise config_error(f"{name} has k={k} columns; k must be >= 1", label)
+    if k >= d:
+        raise config_error(
+            f"{name} has k={k} columns but k must be smaller than d={d} (k >= d makes the "
+            "subspace the whole space); use e.g. k=100 for d >= 256",
+            label,
+        )
+    V = as_matrix(basis, name=name, label=label)
+    err = float(np.max(np.abs(V.T @ V - np.eye(k))))
+    if err > _ORTHO_TOL:
+        raise config_error(
+            f"{name} columns are not orthonormal (max |V^T V - I| = {err:.2g}); use "
+            "readout_basis(W_U, k) or orthonormalise it (numpy.linalg.qr)",
+            label,
+        )
+    return V
 
 
 def _qr_single_thread(G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

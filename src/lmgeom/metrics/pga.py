@@ -1,4 +1,5 @@
-"""Subspace PGA (Predictive-Geometric Alignment) and the PC1-migration diagnostic.
+"""Subspace PGA (Predictive-Geometric Alignment); the PC1-migration diagnostic is in
+:mod:`lmgeom.metrics.pc1` (re-exported here).
 
 Definition (METHODS.md): after centring / CCR-m, ``d_full(i,j) = 1 - cos(x_i, x_j)`` and
 ``d_proj(i,j) = 1 - cos(V_k^T x_i, V_k^T x_j)``; ``rho_readout = Spearman(d_full, d_proj)``;
@@ -49,8 +50,9 @@ from lmgeom.metrics.geometry import (
     CCRLevels,
     cached_frames,
     ccr_levels,
-    top_directions,
+    check_basis,
 )
+from lmgeom.metrics.pc1 import PC1Share, pc1_readout_share
 from lmgeom.metrics.sample_size import (
     MIN_PAIRS,
     MIN_PAIRS_HARD,
@@ -68,8 +70,6 @@ __all__ = [
     "subspace_pga",
     "subspace_pga_levels",
 ]
-
-_ORTHO_TOL = 1e-6
 
 
 @dataclass(frozen=True)
@@ -138,37 +138,6 @@ def readout_projection(prep: Prepared, V: np.ndarray, plan: Any, layout: Any, *,
         layout = build_layout(plan, inv, Yu.shape[0], V.shape[1])
         Yu = Yu.copy()
     return unit_rows(Yu, scale=prep.scale, what=what, label=label), layout
-
-
-def check_basis(basis: Any, d: int, *, name: str = "basis", label: str | None = None) -> np.ndarray:
-    """Validate a (d, k) orthonormal basis with 0 < k < d."""
-    shape = tuple(getattr(basis, "shape", np.shape(basis)))
-    if len(shape) != 2:
-        raise config_error(f"{name} must be a (d, k) matrix; got shape {shape}", label)
-    if shape[0] != d:
-        raise config_error(
-            f"{name} has {shape[0]} rows but the states have d={d} columns; build it from "
-            "this model's W_U with readout_basis(W_U, k)",
-            label,
-        )
-    k = shape[1]
-    if k <= 0:
-        raise config_error(f"{name} has k={k} columns; k must be >= 1", label)
-    if k >= d:
-        raise config_error(
-            f"{name} has k={k} columns but k must be smaller than d={d} (k >= d makes the "
-            "subspace the whole space); use e.g. k=100 for d >= 256",
-            label,
-        )
-    V = as_matrix(basis, name=name, label=label)
-    err = float(np.max(np.abs(V.T @ V - np.eye(k))))
-    if err > _ORTHO_TOL:
-        raise config_error(
-            f"{name} columns are not orthonormal (max |V^T V - I| = {err:.2g}); use "
-            "readout_basis(W_U, k) or orthonormalise it (numpy.linalg.qr)",
-            label,
-        )
-    return V
 
 
 PRECISIONS = ("auto", "float64", "float32")
@@ -584,48 +553,3 @@ def _first_rows(prep: Prepared) -> np.ndarray:
     rows = np.arange(prep.n)[::-1]
     first[prep.inv[::-1]] = rows
     return first
-
-
-@dataclass(frozen=True)
-class PC1Share:
-    """Result of :func:`pc1_readout_share`.
-
-    Attributes:
-        share: ``||V_k^T u_1||^2`` for u_1 the top principal direction of the centred X.
-        baseline: k / d, the expected share of a random direction.
-        evr: PC1's explained-variance ratio (lambda_1 / sum lambda).
-        k, d, n: sizes.
-    """
-
-    share: float
-    baseline: float
-    evr: float
-    k: int
-    d: int
-    n: int
-
-
-def pc1_readout_share(X: Any, basis: Any, *, label: str | None = None) -> PC1Share:
-    """PC1 migration diagnostic: how much of the top principal direction lies in the readout.
-
-    Args:
-        X: (N, d) states, N >= 2 (centred here; no CCR).
-        basis: (d, k) orthonormal readout basis.
-        label: prefix for error messages.
-
-    Returns:
-        :class:`PC1Share`.
-    """
-    A = pow2_normalise(as_matrix(X, name="X", label=label, min_rows=2))
-    n, d = A.shape
-    V = check_basis(basis, d, label=label)
-    Xc = A - A.mean(axis=0)
-    total = float(np.einsum("ij,ij->", Xc, Xc))
-    if not total > 0:
-        raise data_error("X has zero variance (all rows identical); PC1 is undefined", label)
-    with blas_threads(float(n) * d * min(n, d)):
-        P, lam = top_directions(Xc, 1)
-    u1 = P[0]
-    share = float(np.sum((V.T @ u1) ** 2))
-    k = V.shape[1]
-    return PC1Share(share=share, baseline=k / d, evr=float(lam[0]) / total, k=k, d=d, n=n)

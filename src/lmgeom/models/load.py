@@ -93,36 +93,7 @@ def load_model(
         log.warning("revision %r ignored: revisions apply to hub models only; %s is %s", revision,
                     name, SOURCE_WORDS.get(model_source(name), "not a hub id"))
 
-    if name in BUNDLED:
-        folder, identity = _bundled_folder(name)
-        source = folder
-        gguf_file = None
-    elif path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelError(f"GGUF file {path} does not exist")
-        folder, identity = _gguf_folder(path, name)
-        source, gguf_file = folder, None
-    elif path.exists():
-        if not path.is_dir():
-            raise ModelError(f"{path} is neither a model folder nor a .gguf file")
-        if not (path / "config.json").is_file():
-            raise ModelError(
-                f"folder {path} is not a model: it has no config.json (expected a Hugging Face "
-                "model folder saved with save_pretrained, or pass a .gguf file)"
-            )
-        read_config_json(path)
-        source, gguf_file = path, None
-        identity = {"source": "folder", "path": str(path.resolve()), "weights_sha256": weights_hash(path)}
-    elif _looks_like_path(name):
-        raise ModelError(f"model path {name} does not exist")
-    elif "/" in name:
-        source, gguf_file = name, None
-        identity = {"source": "hub", "hub_id": name, "revision": revision or "main"}
-    else:
-        raise ModelError(
-            f"unknown model {name!r}; bundled models: {', '.join(BUNDLED)} "
-            "(or give a Hugging Face hub id, a local model folder, or a .gguf file)"
-        )
+    source, gguf_file, identity = _model_source(name, path, revision)
     hf_model, tokenizer = _from_pretrained(
         source,
         name=name,
@@ -146,6 +117,40 @@ def load_model(
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     identity["tokenizer_sha256"] = _tokenizer_hash(tokenizer)
     return LanguageModel.wrap(hf_model, tokenizer, name=name, identity=identity)
+
+
+def _model_source(name: str, path: Path, revision: str | None
+                  ) -> tuple[str | Path, str | None, dict[str, Any]]:
+    """What :func:`load_model` passes to ``from_pretrained`` for ``name`` (a bundled name, a
+    ``.gguf`` file, a model folder or a hub id), the GGUF file name (None: none), and the
+    model's identity so far (what its cache keys hash)."""
+    if name in BUNDLED:
+        folder, identity = _bundled_folder(name)
+        return folder, None, identity
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"GGUF file {path} does not exist")
+        folder, identity = _gguf_folder(path, name)
+        return folder, None, identity
+    if path.exists():
+        if not path.is_dir():
+            raise ModelError(f"{path} is neither a model folder nor a .gguf file")
+        if not (path / "config.json").is_file():
+            raise ModelError(
+                f"folder {path} is not a model: it has no config.json (expected a Hugging Face "
+                "model folder saved with save_pretrained, or pass a .gguf file)"
+            )
+        read_config_json(path)
+        return path, None, {"source": "folder", "path": str(path.resolve()),
+                            "weights_sha256": weights_hash(path)}
+    if _looks_like_path(name):
+        raise ModelError(f"model path {name} does not exist")
+    if "/" in name:
+        return name, None, {"source": "hub", "hub_id": name, "revision": revision or "main"}
+    raise ModelError(
+        f"unknown model {name!r}; bundled models: {', '.join(BUNDLED)} "
+        "(or give a Hugging Face hub id, a local model folder, or a .gguf file)"
+    )
 
 
 def hub_commit(repo_id: str, revision: str | None, config: Any = None) -> str | None:
