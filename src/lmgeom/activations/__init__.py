@@ -11,15 +11,7 @@ mask), capture at measurement points, progress, resumable shards. Everything bel
 interruption and resume.
 """
 
-from .core import (
-    POOLINGS,
-    Activations,
-    TokenActivations,
-    encode_texts,
-    extract,
-    extract_tokens,
-    load_activations,
-)
+from .core import POOLINGS, Activations, encode_texts, extract, load_activations
 from .export import FORMATS, export_activations, from_disk
 from .forward import (
     Batch,
@@ -29,6 +21,7 @@ from .forward import (
     position_ids_from_mask,
     run_batches,
 )
+from .tokens import TokenActivations, extract_tokens
 
 __all__ = [
     "FORMATS",

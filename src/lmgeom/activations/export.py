@@ -45,7 +45,8 @@ import numpy as np
 
 from .._io import atomic_path
 from ..errors import CacheError, ConfigError
-from .core import Activations, TokenActivations, load_activations
+from .core import Activations, load_activations
+from .tokens import TokenActivations
 
 FORMATS = ("safetensors", "parquet", "hf")
 #: Schema-metadata key (parquet) / description prefix (hf) holding the manifest.

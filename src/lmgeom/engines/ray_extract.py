@@ -150,7 +150,7 @@ def extract_distributed(
     ts_ref = ray.put(ts)
     lk = dict(load_kwargs or {})
     actors: list[Any] = []
-    n_work, lost, replaced = 0, 0, 0
+    n_work = 0
 
     def new_actor() -> Any:
         actors.append(Actor.remote(model, lk, cfg.threads))
@@ -160,69 +160,19 @@ def extract_distributed(
         head = _prepare(ray, new_actor, ts_ref, params, cfg.retries)
         plan = head["plan"]
         store = plan.store(cache, cache_root)
-        shards: list[dict[str, np.ndarray] | None] = [None] * len(plan.batches)
         with store.lock():
             store.drop_stale()
-            for bi in range(len(plan.batches)):
-                shards[bi] = store.get(bi)
+            shards: list[dict[str, np.ndarray] | None] = [
+                store.get(bi) for bi in range(len(plan.batches))]
             missing = [bi for bi, s in enumerate(shards) if s is None]
             n_work = _n_workers(ray, cfg, len(missing)) if missing else 0
             slots = [actors[-1]] + [new_actor() for _ in range(max(0, n_work - 1))]
-            gen = [0] * len(slots)   # incarnation of each slot's actor
-            load = [0] * len(slots)  # batches in flight per slot (two keep an actor busy)
             bar = progress_bar(len(plan.batches),
                                f"extract {plan.model_name} (ray x{max(n_work, 1)})", progress)
             bar.update(len(plan.batches) - len(missing))
-            queue = list(missing)
-            tries = {bi: 0 for bi in missing}
-            inflight: dict[Any, tuple[int, int, int]] = {}
-
-            def fill() -> None:
-                for a in range(len(slots) if missing else 0):
-                    while load[a] < 2 and queue:
-                        bi = queue.pop(0)
-                        tries[bi] += 1
-                        load[a] += 1
-                        ref = slots[a].run.remote(plan.key, bi, [ts_ref], params)
-                        inflight[ref] = (bi, a, gen[a])
-
-            fill()
-            while inflight:
-                done, _ = ray.wait(list(inflight), num_returns=1)
-                ref = done[0]
-                bi, a, g = inflight.pop(ref)
-                if g == gen[a]:
-                    load[a] -= 1
-                try:
-                    got = ray.get(ref)
-                except ray.exceptions.RayTaskError as exc:
-                    cause = _unwrap(ray, exc)
-                    raise cause if isinstance(cause, LmgeomError) else exc
-                except ray.exceptions.RayError as exc:  # the actor died (killed, OOM, node gone)
-                    lost += 1
-                    why = " ".join(str(exc).split())[:300]
-                    if tries[bi] > cfg.retries:
-                        done_n = sum(s is not None for s in shards)
-                        raise ClusterError(
-                            f"batch {bi} of {plan.model_name} was lost {tries[bi]} times: Ray "
-                            f"workers keep dying ({type(exc).__name__}: {why}). {done_n} of "
-                            f"{len(shards)} shards are in the cache {store.dir}; rerun to "
-                            "resume (raise --retries, or check the nodes' memory)") from exc
-                    log.warning("batch %d lost with its Ray worker (%s); resubmitting it",
-                                bi, type(exc).__name__)
-                    queue.insert(0, bi)
-                    if g == gen[a]:  # the first news of this actor's death: replace it once
-                        ray.kill(slots[a], no_restart=True)
-                        slots[a] = new_actor()
-                        gen[a] += 1
-                        load[a] = 0
-                        replaced += 1
-                    fill()
-                    continue
-                store.put(bi, got)
-                shards[bi] = got
-                bar.update(1)
-                fill()
+            pool = _Pool(ray, slots, new_actor, cfg.retries,
+                         lambda bi, a: a.run.remote(plan.key, bi, [ts_ref], params), missing)
+            pool.run(store, shards, bar, plan.model_name)
             bar.close()
     finally:
         for actor in actors:
@@ -230,7 +180,77 @@ def extract_distributed(
     return plan.assemble([s for s in shards if s is not None], ts, timings={
         "extract_s": time.perf_counter() - t0, "batches_computed": len(missing),
         "batches_cached": len(plan.batches) - len(missing), "workers": n_work,
-        "batches_lost": lost, "workers_replaced": replaced, "device": head["device"]})
+        "batches_lost": pool.lost, "workers_replaced": pool.replaced, "device": head["device"]})
+
+
+class _Pool:
+    """The missing batches on a pool of actors, two in flight per actor (that keeps one busy);
+    a batch lost with its actor is resubmitted (at most ``retries`` times) and the dead actor
+    replaced once (``gen``: each slot's actor incarnation)."""
+
+    def __init__(self, ray, slots: list[Any], new_actor, retries: int, submit,
+                 missing: list[int]) -> None:
+        self.ray, self.slots, self.new_actor = ray, slots, new_actor
+        self.retries, self.submit = retries, submit
+        self.gen = [0] * len(slots)
+        self.load = [0] * len(slots)
+        self.queue = list(missing)
+        self.tries = {bi: 0 for bi in missing}
+        self.inflight: dict[Any, tuple[int, int, int]] = {}
+        self.lost = self.replaced = 0
+
+    def fill(self) -> None:
+        for a in range(len(self.slots) if self.tries else 0):
+            while self.load[a] < 2 and self.queue:
+                bi = self.queue.pop(0)
+                self.tries[bi] += 1
+                self.load[a] += 1
+                self.inflight[self.submit(bi, self.slots[a])] = (bi, a, self.gen[a])
+
+    def run(self, store, shards: list, bar, model_name: str) -> None:
+        """Every missing batch into ``store`` and ``shards``."""
+        ray = self.ray
+        self.fill()
+        while self.inflight:
+            done, _ = ray.wait(list(self.inflight), num_returns=1)
+            ref = done[0]
+            bi, a, g = self.inflight.pop(ref)
+            if g == self.gen[a]:
+                self.load[a] -= 1
+            try:
+                got = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                cause = _unwrap(ray, exc)
+                raise cause if isinstance(cause, LmgeomError) else exc
+            except ray.exceptions.RayError as exc:  # the actor died (killed, OOM, node gone)
+                self._lost(exc, bi, a, g, store, shards, model_name)
+                self.fill()
+                continue
+            store.put(bi, got)
+            shards[bi] = got
+            bar.update(1)
+            self.fill()
+
+    def _lost(self, exc: Exception, bi: int, a: int, g: int, store, shards: list,
+              model_name: str) -> None:
+        self.lost += 1
+        why = " ".join(str(exc).split())[:300]
+        if self.tries[bi] > self.retries:
+            done_n = sum(s is not None for s in shards)
+            raise ClusterError(
+                f"batch {bi} of {model_name} was lost {self.tries[bi]} times: Ray "
+                f"workers keep dying ({type(exc).__name__}: {why}). {done_n} of "
+                f"{len(shards)} shards are in the cache {store.dir}; rerun to "
+                "resume (raise --retries, or check the nodes' memory)") from exc
+        log.warning("batch %d lost with its Ray worker (%s); resubmitting it",
+                    bi, type(exc).__name__)
+        self.queue.insert(0, bi)
+        if g == self.gen[a]:  # the first news of this actor's death: replace it once
+            self.ray.kill(self.slots[a], no_restart=True)
+            self.slots[a] = self.new_actor()
+            self.gen[a] += 1
+            self.load[a] = 0
+            self.replaced += 1
 
 
 def _prepare(ray, new_actor, ts_ref, params: dict[str, Any], retries: int) -> dict[str, Any]:
