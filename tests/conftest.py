@@ -209,6 +209,7 @@ E2E_TESTS: dict[str, tuple[str, ...]] = {
     "test_texts": ("test_autofetch_on_load_and_repair", "test_builtin_code_parses",
         "test_fetch_download_failure",),
     "test_train": ("test_full_finetune_end_to_end", "test_lora_compare_cross_domain",
+        "test_registered_experiment_matches_the_cli_and_runs_hooks",
         "test_resume_continues_exactly",),
 }
 

@@ -12,12 +12,11 @@ import torch
 
 from lmgeom.cli import main
 from lmgeom.errors import ConfigError
-from lmgeom.experiments.finetune import (
-    BatchSchedule,
-    Domain,
-    FinetuneConfig,
-    split_texts,
-)
+from lmgeom.experiments.base import experiment_for, run_experiment
+from lmgeom.experiments.finetune import FinetuneConfig
+from lmgeom.experiments.finetune_data import Domain, batch_arrays, domain_schedule, prepare_data
+from lmgeom.experiments.finetune_eval import evaluate
+from lmgeom.texts import as_textset
 
 WORDS = {
     "prose": ("the cat sat on a mat while dogs ran far away from home into the big green "
@@ -96,7 +95,6 @@ def test_full_finetune_end_to_end(tiny_dir, corpora, tmp_path):
     assert len(log) == 1 + 4
     assert not (out / "arms" / "push-away" / "checkpoint").exists()  # removed once finished
     # the saved weights are the trained ones: step-4 perplexity reproduced from the folder
-    from lmgeom.experiments.finetune import evaluate, prepare_data
 
     cfg = FinetuneConfig(model=str(tiny), texts=(corpora["prose"],), batch_size=4, seq_len=16,
                          eval_chunks=4)
@@ -137,31 +135,24 @@ def test_lora_compare_cross_domain(tiny_dir, corpora, tmp_path):
             assert r.value == pytest.approx(last.loc[r["eval"], r.arm] - last.loc[r["eval"], "none"],
                                             rel=1e-6, abs=1e-9)  # float32 chunk means
             assert r.ci_low <= r.value <= r.ci_high
-    # an arm finished without per-chunk results (older lmgeom) is re-evaluated from its saved
-    # adapter on rerun: the same deltas come back, so the saved adapter is the trained one
-    res_file = out / "arms" / "push-away" / "result.json"
-    r = json.loads(res_file.read_text())
-    r.pop("final_eval")
-    res_file.write_text(json.dumps(r))
-    from lmgeom._io import record_written
-
-    record_written(res_file)  # as the older lmgeom would have (its own output, replaceable)
+    # a finished run is read back on rerun, not retrained: same table, adapters untouched
+    adapter = out / "arms" / "push-away" / "model" / "adapter_model.safetensors"
+    mtime = adapter.stat().st_mtime_ns
     args = _args(tiny_dir("llama"), out, [corpora["prose"], corpora["code"]], "--compare",
                  "--aux-mode", "cross", "--lambda", "2", "--lr", "3e-3", "--merge-lora")
     assert main(args) == 0
-    assert json.loads(res_file.read_text())["final_eval"]
+    assert adapter.stat().st_mtime_ns == mtime
     df2 = _read(out)
     d1 = df[df.metric.str.endswith("_delta_vs_none")].set_index(["arm", "eval", "metric"]).value.sort_index()
     d2 = df2[df2.metric.str.endswith("_delta_vs_none")].set_index(["arm", "eval", "metric"]).value.sort_index()
     assert d1.index.equals(d2.index)
-    np.testing.assert_allclose(d2.to_numpy(), d1.to_numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(d2.to_numpy(), d1.to_numpy())
     for arm in ("none", "push-away", "squeeze"):
         ad = out / "arms" / arm / "model"
         assert (ad / "adapter_model.safetensors").is_file() and (ad / "adapter_config.json").is_file()
     html = (out / "report.html").read_text()
     assert "Perplexity and dispersion over training steps" in html
     # --merge-lora: a plain model folder with the adapter folded in (reproduces the final ppl)
-    from lmgeom.experiments.finetune import FinetuneConfig, evaluate, prepare_data
     from lmgeom.models import load_model
 
     merged = load_model(out / "arms" / "push-away" / "merged", device="cpu")
@@ -202,21 +193,54 @@ def test_resume_continues_exactly(tiny_dir, corpora, tmp_path):
     assert main(_args(tiny, part, [corpora["prose"]], "--aux", "push-away")) == 2
 
 
+def test_registered_experiment_matches_the_cli_and_runs_hooks(tiny_dir, corpora, tmp_path):
+    """`lmgeom train` is the registered experiment "train": run_experiment on the config the
+    CLI builds gives the same table; make_hooks' hooks see every step after the update."""
+    from lmgeom.cli import build_parser
+    from lmgeom.commands.train import config_from_args
+
+    tiny = tiny_dir("llama")
+    assert experiment_for("train") is FinetuneConfig
+    argv = _args(tiny, tmp_path / "cli", [corpora["prose"]], "--full", "--lambda", "0.5")
+    assert main(argv) == 0
+    cfg = config_from_args(build_parser(["train"]).parse_args(argv))
+    seen = []
+
+    class Monitor:
+        def __init__(self, arm, model, arm_dir):
+            self.arm, self.model, self.arm_dir = arm, model, arm_dir
+
+        def step(self, step):
+            seen.append((self.arm, step, self.arm_dir.name))
+
+    cfg.make_hooks = lambda arm, model, arm_dir: [Monitor(arm, model, arm_dir)]
+    run = run_experiment(cfg, tmp_path / "api")
+    assert seen == [("push-away", s, "push-away") for s in (1, 2, 3, 4)]
+    a, b = _read(tmp_path / "cli"), run.result.rows()
+    assert list(a.value) == list(b.value)  # bit for bit: the same run
+    m = json.loads((tmp_path / "api" / "manifest.json").read_text())
+    assert m["command"] == "train" and m["complete"] and (tmp_path / "api" / "report.html").is_file()
+    # the hook is no setting: the same signature as the CLI's run
+    assert m["signature"] == json.loads((tmp_path / "cli" / "manifest.json").read_text())["signature"]
+
+
 def test_schedule_split_and_config_checks():
-    tr, ho = split_texts(50, 0.1, seed=3)
-    assert len(ho) == 5 and len(np.intersect1d(tr, ho)) == 0
-    assert np.array_equal(np.sort(np.concatenate([tr, ho])), np.arange(50))
-    assert np.array_equal(split_texts(50, 0.1, seed=3)[1], ho)
+    # the held-out split: TextSet.split with its own stream (tests/test_schedule.py)
+    ts = as_textset([f"text {i}" for i in range(50)])
+    tr, ho = ts.split(0.1, seed=3, stream=0x5EED)
+    assert len(ho) == 5 and not set(tr.ids) & set(ho.ids) and len(tr) + len(ho) == 50
     doms = [Domain("a", 0, np.arange(10 * 3).reshape(10, 3), np.zeros((1, 3)), 9, 1),
             Domain("b", 1, 100 + np.arange(6 * 3).reshape(6, 3), np.zeros((1, 3)), 5, 1)]
-    s1, s2 = BatchSchedule(doms, 4, seed=0), BatchSchedule(doms, 4, seed=0)
-    ids, dom = s1.batch(7)
-    assert np.array_equal(ids, s2.batch(7)[0])  # pure in (seed, step)
+    s1, s2 = domain_schedule(doms, 4, seed=0), domain_schedule(doms, 4, seed=0)
+    ids, dom = batch_arrays(s1, doms, 7)
+    assert np.array_equal(ids, batch_arrays(s2, doms, 7)[0])  # pure in (seed, step)
     assert list(dom) == [0, 0, 1, 1]
+    assert (ids[:2] < 100).all() and (ids[2:] >= 100).all()  # each domain's own chunks
     # one epoch of domain a (5 steps x 2 chunks) uses each of its 10 chunks once
     seen = np.concatenate([s1.indices(s)[0] for s in range(5)])
     assert sorted(seen) == list(range(10))
-    assert not np.array_equal(BatchSchedule(doms, 4, seed=1).batch(0)[0], s1.batch(0)[0])
+    assert not np.array_equal(batch_arrays(domain_schedule(doms, 4, seed=1), doms, 0)[0],
+                              batch_arrays(s1, doms, 0)[0])
     for bad in ({"aux_mode": "cross"}, {"texts": ("a", "b"), "batch_size": 5}, {"arms": ("repel",)},
                 {"method": "qlora"}, {"lam": -1.0}, {"steps": 0}):
         with pytest.raises(ConfigError):
@@ -228,7 +252,7 @@ def test_schedule_split_and_config_checks():
 def test_chunk_ci_is_the_documented_bootstrap():
     """Perplexity CI = exp of the percentile interval of sum(NLL)/sum(tokens) over chunks
     resampled with default_rng(seed).integers(0, n, n), checked against an explicit loop."""
-    from lmgeom.experiments.finetune import chunk_ci
+    from lmgeom.metrics.uncertainty import chunk_ci
 
     rng = np.random.default_rng(3)
     ntok = rng.integers(50, 128, 40).astype(float)

@@ -4,18 +4,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from .options import (
-    float_range,
-    int_range,
-    nonneg_float,
+    add_options,
+    field_docs,
+    int_list,
     nonneg_int,
-    open_fraction,
+    option_dest,
     path_arg,
     positive_float,
-    positive_int,
-    seed_int,
 )
+from .train import local_types
 
 NAME = "suite"
 HELP = "train a width suite of small Pythia-architecture models with checkpoints (train), or inspect one (info)"
@@ -31,11 +31,45 @@ DESCRIPTION = (
 
 _S = argparse.SUPPRESS
 
+#: the option groups of ``suite train``: title -> SuiteConfig fields (every field with a
+#: ``cli`` entry; the rest are not options)
+GROUPS = {
+    "models (default values in brackets)": ("widths", "n_layers"),
+    "training (default values in brackets)": ("tokens", "seq_len", "batch_size", "lr",
+                                              "warmup_frac", "weight_decay", "seed", "n_regular",
+                                              "bf16"),
+    "data (default values in brackets)": ("texts", "exclude_texts", "vocab_size", "val_fraction",
+                                          "val_tokens"),
+}
+
+
+def _shown(value) -> str:
+    if isinstance(value, tuple):
+        return (",".join if value and isinstance(value[0], int) else " ".join)(map(str, value))
+    return str(value)
+
+
+def _train_options(t: argparse.ArgumentParser) -> None:
+    """The :class:`~lmgeom.training.suite.SuiteConfig` options: absent unless given (so
+    ``--micro`` can supply other defaults), the default in brackets after the help."""
+    from ..training.suite import SuiteConfig
+
+    d, text = SuiteConfig(), field_docs(SuiteConfig)
+    text.update(widths="comma list of widths", bf16="train in float32",
+                exclude_texts=text["exclude_texts"] + "; 'none' for none")
+    tweak = local_types(SuiteConfig)
+    for name in (n for names in GROUPS.values() for n in names):
+        default = "bf16 autocast" if name == "bf16" else _shown(getattr(d, name))
+        help_ = (f"{text[name]} (default: {default})" if name == "bf16"
+                 else f"{text[name]} [{default}]")
+        tweak.setdefault(name, {})["help"] = help_
+    tweak["widths"]["type"] = str
+    for title, names in GROUPS.items():
+        add_options(t, SuiteConfig, title=title, only=names, tweak=tweak,
+                    defaults=dict.fromkeys(names, _S))
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..training.suite import DEFAULT_TEXTS, SuiteConfig
-
-    d = SuiteConfig()
     sub = p.add_subparsers(dest="suite_command", metavar="SUBCOMMAND")
     p.set_defaults(_suite_parser=p)
     t = sub.add_parser("train", help="train (or resume, or extend) a suite",
@@ -45,32 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--micro", action="store_true",
                    help="tiny configuration for tests and smoke runs (widths 16,32, 2 layers, "
                         "768 tokens, builtin:news); other options override it")
-    g = t.add_argument_group("models (default values in brackets)")
-    g.add_argument("--widths", default=_S,
-                   help=f"comma list of widths [{','.join(map(str, d.widths))}]")
-    g.add_argument("--n-layers", type=positive_int, default=_S, help=f"blocks per model, all widths [{d.n_layers}]")
-    g = t.add_argument_group("training (default values in brackets)")
-    g.add_argument("--tokens", type=positive_int, default=_S, help=f"training tokens per width [{d.tokens}]")
-    g.add_argument("--seq-len", type=int_range(2), default=_S, help=f"tokens per sequence [{d.seq_len}]")
-    g.add_argument("--batch-size", type=positive_int, default=_S, help=f"sequences per step [{d.batch_size}]")
-    g.add_argument("--lr", type=positive_float, default=_S, help=f"peak learning rate [{d.lr}]")
-    g.add_argument("--warmup-frac", type=float_range(0, 1, hi_open=True), default=_S, help=f"warmup fraction of the steps [{d.warmup_frac}]")
-    g.add_argument("--weight-decay", type=nonneg_float, default=_S, help=f"AdamW weight decay [{d.weight_decay}]")
-    g.add_argument("--seed", type=seed_int, default=_S, help=f"data split, order and init seed [{d.seed}]")
-    g.add_argument("--regular-checkpoints", type=nonneg_int, default=_S, dest="n_regular",
-                   help=f"evenly spaced checkpoints besides 0,1,2,4,... [{d.n_regular}]")
-    g.add_argument("--no-bf16", action="store_true", help="train in float32 (default: bf16 autocast)")
-    g = t.add_argument_group("data (default values in brackets)")
-    g.add_argument("--texts", action="append", default=_S, metavar="SPEC",
-                   help=f"training corpus; repeat for several [{' '.join(DEFAULT_TEXTS)}]")
-    g.add_argument("--exclude-texts", action="append", default=_S, metavar="SPEC",
-                   help=f"corpus whose texts are kept out of training; 'none' for none "
-                        f"[{' '.join(d.exclude_texts)}]")
-    g.add_argument("--vocab-size", type=positive_int, default=_S, help=f"BPE vocabulary size [{d.vocab_size}]")
-    g.add_argument("--val-fraction", type=open_fraction, default=_S,
-                   help=f"held-out fraction of the documents [{d.val_fraction}]")
-    g.add_argument("--val-tokens", type=positive_int, default=_S,
-                   help=f"held-out tokens evaluated per checkpoint [{d.val_tokens}]")
+    _train_options(t)
     g = t.add_argument_group("run")
     g.add_argument("--threads", type=nonneg_int, default=1,
                    help="torch threads (1 is fastest on a shared machine; 0 = torch's default)")
@@ -98,24 +107,18 @@ def run(args) -> int:
     return int(fn(args) or 0)
 
 
-_FIELDS = ("n_layers", "tokens", "seq_len", "batch_size", "lr", "warmup_frac", "weight_decay",
-           "seed", "n_regular", "vocab_size", "val_fraction", "val_tokens")
-
-
 def config_from_args(args):
-    """The :class:`~lmgeom.training.suite.SuiteConfig` of ``suite train`` options."""
+    """The :class:`~lmgeom.training.suite.SuiteConfig` of ``suite train`` options: every
+    field whose option was given (by name), over :meth:`SuiteConfig.micro` with ``--micro``."""
     from ..training.suite import SuiteConfig
-    from .options import int_list
 
-    over = {f: getattr(args, f) for f in _FIELDS if hasattr(args, f)}
-    if hasattr(args, "widths"):
-        over["widths"] = tuple(int_list(args.widths, "--widths") or ())
-    if hasattr(args, "texts"):
-        over["texts"] = tuple(args.texts)
-    if hasattr(args, "exclude_texts"):
-        over["exclude_texts"] = tuple(x for x in args.exclude_texts if x.lower() != "none")
-    if args.no_bf16:
-        over["bf16"] = False
+    over = {f.name: getattr(args, option_dest(f)) for f in dataclasses.fields(SuiteConfig)
+            if hasattr(args, option_dest(f))}
+    if "widths" in over:
+        over["widths"] = tuple(int_list(over["widths"], "--widths") or ())
+    for name in ("texts", "exclude_texts"):
+        if name in over:
+            over[name] = tuple(x for x in over[name] if x.lower() != "none")
     return SuiteConfig.micro(**over) if args.micro else SuiteConfig(**over)
 
 

@@ -2,7 +2,7 @@
 
 import importlib
 
-MODULES = ("analyze", "sweep", "dispersion", "hardness", "clusters", "knnlm", "probes", "convergence", "select", "claims")
+MODULES = ("analyze", "sweep", "dispersion", "hardness", "clusters", "knnlm", "probes", "convergence", "select", "claims", "finetune")
 
 for _name in MODULES:
     importlib.import_module(f"lmgeom.experiments.{_name}")

@@ -45,13 +45,18 @@ class SuiteConfig:
         min_lr_ratio: final learning rate as a fraction of ``lr``.
         warmup_frac: fraction of the steps spent warming up (at least one step).
         weight_decay: AdamW decoupled weight decay on matrices (not on biases / norm gains).
-        beta1, beta2, eps: AdamW moments (Pythia: 0.9, 0.95, 1e-8).
+        beta1: AdamW β1 (Pythia: 0.9).
+        beta2: AdamW β2 (Pythia: 0.95).
+        eps: AdamW ε (Pythia: 1e-8).
         grad_clip: global gradient-norm clip.
         seed: data split, data order and initialisation seed (shared by all widths).
         vocab_size: BPE vocabulary size (special tokens included).
-        texts: training corpora (``load_texts`` specs: ``builtin:NAME`` or files).
-        exclude_texts: corpora whose texts are removed from training and validation.
-        val_fraction: fraction of documents held out for the validation loss.
+        texts: training corpus (a ``load_texts`` spec: ``builtin:NAME`` or a file); repeat
+            for several.
+        exclude_texts: corpus whose texts are kept out of training and validation; repeat
+            for several.
+        val_fraction: held-out fraction of the documents, for the validation loss (split by
+            TextSet.split).
         val_tokens: tokens of the held-out stream evaluated at every checkpoint.
         n_regular: evenly spaced checkpoints added to the log-spaced ones (0, 1, 2, 4, ...).
         bf16: bfloat16 autocast for the forward/backward (weights and AdamW stay float32).
