@@ -14,7 +14,11 @@ The auxiliary term acts on one layer's hidden states within a training batch. Th
 
 The training objective is ``L = L_CE + λ·L_aux`` with ``L_aux = −d`` for push-away (spread the
 states apart) and ``L_aux = +d`` for the squeeze control (pull them together). A third kind,
-``none``, has ``L_aux = 0·d``: it measures ``d`` for logging and changes nothing.
+``none``, has ``L_aux = 0·d``: it measures ``d`` for logging and changes nothing. The rest of
+the dispersion-regulariser family (InfoNCE over squared L2 distances or cosines, hinge on
+cosine similarity, covariance decorrelation) is in :mod:`lmgeom.training.regularisers`; every
+member is chosen by name with :func:`make_aux_loss` and returns ``(L_aux, d)`` from
+:meth:`DispersionLoss.terms`.
 
 Layer: ``layer="final"`` (default) is the output of the final norm — the vector the readout
 reads, identical to Hugging Face's ``hidden_states[-1]`` — which is what "last-layer vectors"
@@ -192,6 +196,15 @@ class DispersionLoss(torch.nn.Module):
             H = H.float()
         return H, rows
 
+    def kept_states(self, hidden: torch.Tensor,
+                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The ``(n, d)`` token states one call uses in ``mode="within"``: padding dropped, then
+        the call's seeded sample of at most ``max_tokens`` (advances :attr:`calls`)."""
+        H, _ = self.token_states(hidden, attention_mask)
+        g = self._generator()
+        self.calls += 1
+        return self._sample(H, g)
+
     def dispersion(
         self,
         hidden: torch.Tensor,
@@ -247,14 +260,26 @@ class DispersionLoss(torch.nn.Module):
                  for i in range(len(groups)) for j in range(i + 1, len(groups))]
         return torch.stack(terms).mean()
 
+    def terms(
+        self,
+        hidden: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        domain: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(L_aux, d)``: the auxiliary term (with graph) and the dispersion ``d`` of the same
+        token states. Here ``L_aux = sign · d``; the other regularisers of the family
+        (:mod:`lmgeom.training.regularisers`) override this."""
+        d = self.dispersion(hidden, attention_mask, domain)
+        return self.sign * d, d
+
     def forward(
         self,
         hidden: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         domain: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``L_aux = sign · d`` (unweighted; the total adds ``lam · L_aux``)."""
-        return self.sign * self.dispersion(hidden, attention_mask, domain)
+        """``L_aux`` (unweighted; the total adds ``lam · L_aux``): ``sign · d`` here."""
+        return self.terms(hidden, attention_mask, domain)[0]
 
     def compute(self, model: Any, batch: Mapping[str, Any], **forward_kwargs: Any) -> AuxOutput:
         """Run ``model`` on ``batch`` and return ``(lm_loss, aux, total)``; see :func:`forward_with_aux`."""
@@ -289,10 +314,14 @@ class MeasureOnlyLoss(DispersionLoss):
 
 
 def make_aux_loss(kind: str, **kwargs: Any) -> DispersionLoss:
-    """``"push-away"`` | ``"squeeze"`` | ``"none"`` → the loss object (kwargs as :class:`DispersionLoss`)."""
-    cls = {"push-away": PushAwayLoss, "squeeze": SqueezeLoss, "none": MeasureOnlyLoss}.get(kind)
+    """A regulariser by name → the loss object (kwargs as :class:`DispersionLoss`, plus the
+    variant's own, e.g. ``tau``): ``"push-away"`` | ``"squeeze"`` | ``"none"`` and the rest of
+    the family in :data:`lmgeom.training.regularisers.REGULARISERS`."""
+    from .regularisers import REGULARISERS
+
+    cls = REGULARISERS.get(kind)
     if cls is None:
-        raise ConfigError(f"unknown aux loss {kind!r}; use one of {', '.join(AUX_KINDS)}")
+        raise ConfigError(f"unknown aux loss {kind!r}; use one of {', '.join(REGULARISERS)}")
     return cls(**kwargs)
 
 
@@ -432,8 +461,7 @@ def forward_with_aux(
     with _Capture(adapter, label) as cap:
         out = run(input_ids=input_ids, attention_mask=mask, labels=labels, use_cache=False,
                   **forward_kwargs)
-    d = aux_loss.dispersion(cap.get(), mask, batch.get("domain"))
-    aux = aux_loss.sign * d
+    aux, d = aux_loss.terms(cap.get(), mask, batch.get("domain"))
     lm_loss = out.loss
     return AuxOutput(lm_loss=lm_loss, aux=aux, total=lm_loss + aux_loss.lam * aux,
                      dispersion=d.detach(), outputs=out)
@@ -476,8 +504,7 @@ class DispersionLossMixin:
             loss, outputs = super().compute_loss(  # type: ignore[misc]
                 model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
         if model.training:
-            d = self.aux_loss.dispersion(cap.get(), inputs.get("attention_mask"), domain)
-            aux = self.aux_loss.sign * d
+            aux, d = self.aux_loss.terms(cap.get(), inputs.get("attention_mask"), domain)
             scaled = self.loss_is_scaled_for_ga  # type: ignore[attr-defined]
             if scaled is None:
                 scaled = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) \
