@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import time
 
 from .options import (
     add_options,
@@ -14,6 +16,7 @@ from .options import (
     option_dest,
     path_arg,
     positive_float,
+    progress_from_args,
 )
 from .train import local_types
 
@@ -123,10 +126,7 @@ def config_from_args(args):
 
 
 def _train(args) -> int:
-    import time
-
     from ..training.suite import plan_line, train_suite, widths_table
-    from .options import progress_from_args
 
     config = config_from_args(args)
     print(plan_line(args.out, config))
@@ -141,8 +141,6 @@ def _train(args) -> int:
 
 
 def _info(args) -> int:
-    import json
-
     from ..training.suite import describe_suite, read_suite
 
     m = read_suite(args.dir)

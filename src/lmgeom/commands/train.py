@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..errors import ConfigError
 from .options import (
     RunArgs,
     add_model_args,
@@ -105,7 +106,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args):
     """The :class:`~lmgeom.experiments.finetune.FinetuneConfig` of the options (every field
     found on ``args`` by name; texts, arms and progress derived)."""
-    from ..errors import ConfigError
     from ..experiments.finetune import ARMS, DEFAULT_TEXTS, FinetuneConfig
 
     if args.dtype == "float16":

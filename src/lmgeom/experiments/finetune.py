@@ -66,6 +66,7 @@ from typing import Any, ClassVar
 from .._io import record_tree, write_json
 from ..errors import ConfigError
 from ..report.figures_training import plot_curves
+from ..texts import source_fingerprint
 from ..training.checkpoint import CHECKPOINT_VERSION
 from .base import register, run_experiment
 from .finetune_arms import ArmResult, MakeHooks, load_lm, train_arm
@@ -264,7 +265,6 @@ class FinetuneConfig:
         corpora (an edited corpus file or replaced weights make a different run, never a
         resumed one)."""
         from ..models.load import model_fingerprint
-        from ..texts import source_fingerprint
 
         return {**self.signed(), "inputs": {
             "model": model_fingerprint(self.model),

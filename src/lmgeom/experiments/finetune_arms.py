@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
 
 from .._io import atomic_path, write_json
 from ..errors import ConfigError
@@ -59,7 +61,7 @@ class ArmResult:
 
 def load_lm(cfg: FinetuneConfig):
     """The model to fine-tune, in float32 on ``cfg.device``."""
-    from ..models import load_model
+    from ..models import load_model  # torch
 
     return load_model(cfg.model, dtype="float32", device=cfg.device)
 
@@ -99,8 +101,6 @@ def lr_at(cfg: FinetuneConfig, step: int) -> float:
 
 def write_log(path: Path, logs: Sequence[dict[str, float]]) -> None:
     """``train_log.csv``: one row per step (:data:`LOG_COLUMNS`)."""
-    import pandas as pd
-
     with atomic_path(path) as tmp:
         pd.DataFrame(list(logs), columns=list(LOG_COLUMNS)).to_csv(tmp, index=False)
 
@@ -182,8 +182,6 @@ class ArmRun:
                 self.on_eval(self.arm, 0, ev)
         last_step = max(s for s in self.eval_at if s <= self.step0)
         self.since_eval = [g for g in self.logs if g["step"] > last_step]
-        from tqdm.auto import tqdm
-
         self.bar = tqdm(total=cfg.steps, initial=self.step0, desc=f"train {self.arm}",
                         unit="step", disable=not show_progress(self.progress), leave=False)
         self.t_run = time.perf_counter()

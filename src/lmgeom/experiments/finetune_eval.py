@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ..lm.perplexity import forward_chunks
+from ..metrics.dispersion import token_dispersion
 from ..metrics.regime import parse_setting
 from ..metrics.uncertainty import chunk_ci, paired_chunk_delta
 from ..results.console import format_table
@@ -47,9 +49,6 @@ def evaluate(lm, eval_sets: dict[str, np.ndarray], label: str, *, batch_size: in
         :func:`cross_dispersion`).
     """
     import torch
-
-    from ..lm.perplexity import forward_chunks
-    from ..metrics.dispersion import token_dispersion
 
     was_training = lm.hf_model.training
     lm.hf_model.eval()

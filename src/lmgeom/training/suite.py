@@ -39,8 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._io import write_json
+from .._io import record_tree, remove_written, write_json, written_by_lmgeom
+from .._paths import check_output_location
 from ..errors import CacheError, ConfigError
+from ..results.folder import acquire_output_lock, release_output_lock
 from .suite_config import (
     CHECKPOINT_META,
     DEFAULT_EXCLUDE,
@@ -76,9 +78,6 @@ log = logging.getLogger(__name__)
 
 
 def _check_folder(root: Path, config: SuiteConfig, overwrite: bool) -> None:
-    from .._io import remove_written, written_by_lmgeom
-    from .._paths import check_output_location
-
     marker = root / "suite.json"
     want = {"format": FORMAT, "settings": config.shared_settings()}
     check_output_location(root)
@@ -157,8 +156,6 @@ def train_suite(
 
     config = config or SuiteConfig()
     root = Path(out_dir)
-    from ..results.folder import acquire_output_lock, release_output_lock
-
     lock = acquire_output_lock(root)  # beside the folder, as every lmgeom output
     t_start_ns = time.time_ns()
     try:
@@ -189,8 +186,6 @@ def train_suite(
                         stop_after_steps=stop_after_steps, make_hooks=make_hooks)
         manifest = write_manifest(root, config, data_s=t_data)
     finally:
-        from .._io import record_tree
-
         record_tree(root, since_ns=t_start_ns)  # what this call wrote (for --overwrite)
         torch.set_num_threads(prev_threads)
         release_output_lock(lock)

@@ -16,10 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from .._io import stable_hash, write_json
+from .._io import sha256_bytes, stable_hash, write_json
 from ..errors import CacheError, DataError
+from ..texts import load_texts
 from ..texts.textset import TextSet
 from .suite_config import SuiteConfig
+from .tokenizer import tokenizer_sha256, train_tokenizer
 
 log = logging.getLogger("lmgeom.training.suite")
 
@@ -55,8 +57,6 @@ class SuiteData:
 
 def _load_docs(config: SuiteConfig) -> tuple[TextSet, dict[str, Any]]:
     """Every training text of the corpora (those of ``exclude_texts`` removed), in order."""
-    from ..texts import load_texts
-
     excluded: set[str] = set()
     sources: dict[str, Any] = {}
     for spec in config.exclude_texts:
@@ -81,7 +81,6 @@ def prepare_data(root: str | os.PathLike[str], config: SuiteConfig, *, progress:
     ``root/tokenizer``, reused afterwards (checked against ``data.json``)."""
     from transformers import AutoTokenizer
 
-    from .tokenizer import tokenizer_sha256, train_tokenizer
 
     root = Path(root)
     data_dir, tok_dir = root / "data", root / "tokenizer"
@@ -151,8 +150,6 @@ def _encode(tok, docs: Sequence[str]) -> np.ndarray:
 
 
 def _stream_hash(train: np.ndarray, val: np.ndarray, tok_sha: str) -> str:
-    from .._io import sha256_bytes
-
     return stable_hash([sha256_bytes(np.ascontiguousarray(train).tobytes()), str(train.dtype),
                         sha256_bytes(np.ascontiguousarray(val).tobytes()), tok_sha])
 

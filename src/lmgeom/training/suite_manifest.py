@@ -12,6 +12,8 @@ from typing import Any
 
 from .._io import write_json
 from ..errors import CacheError
+from ..results.console import format_table
+from ..results.manifest import now, versions
 from .suite_config import (
     FORMAT,
     WIDTH_DONE,
@@ -64,8 +66,6 @@ def duplicate_weights(items: Sequence[tuple[str, str | None]]) -> list[list[str]
 def write_manifest(root: str | os.PathLike[str], config: SuiteConfig | None = None, *,
                    data_s: float | None = None) -> dict[str, Any]:
     """Rebuild ``root/manifest.json`` from what is on disk; warn about identical checkpoints."""
-    from ..results.manifest import now, versions
-
     root = Path(root)
     suite = json.loads((root / "suite.json").read_text())
     settings = suite["settings"]
@@ -156,8 +156,6 @@ def plan_line(root: str | os.PathLike[str], config: SuiteConfig) -> str:
 def widths_table(manifest: dict[str, Any]) -> str:
     """One row per width of a suite manifest: status, shape, checkpoints, first/last held-out
     loss, training time; then a warning line per group of identical weights."""
-    from ..results.console import format_table
-
     rows = []
     for w, v in sorted(manifest["widths"].items(), key=lambda kv: int(kv[0])):
         cks = sorted(v["checkpoints"].values(), key=lambda c: c["step"])
@@ -181,8 +179,6 @@ def describe_suite(root: str | os.PathLike[str], manifest: dict[str, Any], *,
                    steps: bool = False) -> str:
     """What ``lmgeom suite info`` prints: settings, data, checkpoint steps, the widths table
     and, with ``steps``, every checkpoint's held-out loss and weights hash."""
-    from ..results.console import format_table
-
     m, s = manifest, manifest["settings"]
     lines = [
         (f"suite {root} ({m['format']}): {m['tokens_per_width']:,} tokens per width, "

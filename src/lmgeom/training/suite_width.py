@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from .._io import write_json
 from .checkpoint import resume, save_checkpoint
@@ -171,8 +172,6 @@ class WidthRun:
         self.resume_every_s, self.stop_after = resume_every_s, stop_after_steps
         self.done_here = 0
         self.last_state = time.perf_counter()
-        from tqdm.auto import tqdm
-
         tps = config.tokens_per_step
         self.bar = tqdm(total=config.steps * tps, initial=self.step * tps, desc=width_label(width),
                         unit="tok", unit_scale=True, disable=not show_progress(progress),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from .._io import sha256_bytes
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -92,8 +93,6 @@ def train_tokenizer(
 
 def tokenizer_sha256(tokenizer) -> str:
     """A content hash of the tokenizer (its serialised ``tokenizer.json``)."""
-    from .._io import sha256_bytes
-
     return sha256_bytes(tokenizer.backend_tokenizer.to_str().encode("utf-8"))
 
 
