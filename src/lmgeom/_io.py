@@ -11,12 +11,14 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ._paths import cache_root, free_bytes, human_bytes
 from .errors import CacheError
 
 
@@ -48,8 +50,6 @@ def is_disk_full(exc: BaseException) -> bool:
 def disk_full_error(target: Path, *, need: int | None = None, written: int = 0) -> CacheError:
     """The :class:`CacheError` of a write to ``target`` that ran out of disk: the path, the
     free space left there and what the file needed (``need``, else more than ``written``)."""
-    from ._paths import free_bytes, human_bytes
-
     free = free_bytes(target.parent)
     free_s = "unknown" if free is None else human_bytes(free)
     if need:
@@ -160,8 +160,6 @@ def _ledger_entry(path: Path) -> Path | None:
 
 def in_cache(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` lies inside lmgeom's cache folder (``$LMGEOM_CACHE``)."""
-    from ._paths import cache_root
-
     try:
         p = Path(os.path.realpath(path))
         root = Path(os.path.realpath(cache_root()))
@@ -188,8 +186,6 @@ def record_written(path: str | os.PathLike[str]) -> None:
             fh.write(data)
         os.replace(tmp, entry)
     except (OSError, ValueError):
-        import logging
-
         logging.getLogger(__name__).debug("could not record %s as written", path, exc_info=True)
 
 

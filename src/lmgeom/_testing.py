@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import time
 
+from ._env import hold_seconds
+
 
 def pause(stage: str) -> None:
     if os.environ.get("LMGEOM_TEST_SLOW_STAGE") == stage:
@@ -45,7 +47,6 @@ def hold(point: str) -> None:
     with open(pid_file + ".tmp", "w") as fh:
         fh.write(f"{os.getpid()}\n{os.environ.get('LMGEOM_TEST_NODE', '')}\n")
     os.replace(pid_file + ".tmp", pid_file)
-    from ._env import hold_seconds
 
     deadline = time.monotonic() + hold_seconds()
     release = os.path.join(folder, f"{point}.release")

@@ -30,6 +30,7 @@ import warnings
 from collections.abc import Collection, Sequence
 
 from . import __version__
+from ._io import written_summary
 from .commands.checks import validate_args
 from .commands.options import HelpFormatter, apply_model_args
 from .errors import LmgeomError, LowSampleWarning
@@ -225,8 +226,6 @@ DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPER
 
 def interrupted_line() -> str:
     """The line an interrupted (Ctrl-C) command prints: what this run finished and kept."""
-    from ._io import written_summary
-
     kept = written_summary()
     if kept:
         return f"interrupted; kept {kept}; rerun the same command to resume from there"

@@ -16,6 +16,7 @@ Design:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,11 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
 
 from .._io import atomic_path, sha256_bytes, stable_hash, write_json
 from .._paths import cache_dir as _cache_root
 from .._testing import pause
 from ..errors import CacheError, ConfigError, TextsError
+from ..texts import as_textset
 from .forward import (
     PADDING_SIDES,
     check_finite,
@@ -152,8 +157,6 @@ class Activations:
 
     def save(self, path: str | os.PathLike[str]) -> tuple[Path, Path]:
         """Write ``PATH.safetensors`` (tensors) and ``PATH.json`` (manifest), atomically."""
-        from safetensors.numpy import save_file
-
         base = Path(path)
         if base.suffix in (".safetensors", ".json"):
             base = base.with_suffix("")
@@ -206,8 +209,6 @@ def load_activations(path: str | os.PathLike[str]) -> Activations:
     Only safetensors and JSON are read (no pickle); the contents are checked against the
     recorded sha256.
     """
-    from safetensors.numpy import load_file
-
     base = Path(path)
     if base.suffix in (".safetensors", ".json"):
         base = base.with_suffix("")
@@ -271,8 +272,6 @@ class ShardCache:
         p = self.path(i)
         if not p.is_file():
             return None
-        from safetensors import safe_open
-        from safetensors.numpy import load_file
 
         try:
             with safe_open(str(p), framework="np") as fh:
@@ -289,7 +288,6 @@ class ShardCache:
     def put(self, i: int, tensors: dict[str, np.ndarray]) -> None:
         if not self.enabled:
             return
-        from safetensors.numpy import save_file
 
         tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
         need = sum(v.nbytes for v in tensors.values()) + 4096
@@ -303,11 +301,8 @@ class ShardCache:
                 stale.unlink(missing_ok=True)
 
     def lock(self):
-        import contextlib
-
         if not self.enabled:
             return contextlib.nullcontext()
-        from filelock import FileLock
 
         return FileLock(str(self.dir) + ".lock")
 
@@ -352,7 +347,6 @@ def extract(
         :class:`Activations` with ``states`` of shape ``(n_layers, N, d)``, float32.
     """
     from ..models import load_model
-    from ..texts import as_textset
 
     t0 = time.perf_counter()
     model = load_model(model)

@@ -43,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from .._io import atomic_path
+from .._io import atomic_path, record_tree, remove_written
+from .._paths import cache_dir
 from ..errors import CacheError, ConfigError
 from .core import Activations, load_activations
 from .tokens import TokenActivations
@@ -196,8 +197,6 @@ def to_pandas(acts: AnyActivations, layer: str | int):
 def to_dataset(acts: AnyActivations, *, rows_per_group: int | None = None):
     """A ``datasets.Dataset`` of ``acts`` (the ``hf`` layout), memory-mapped from an Arrow file
     under ``$LMGEOM_CACHE/datasets`` (states are streamed there, not copied in memory)."""
-    from .._paths import cache_dir
-
     folder = Path(tempfile.mkdtemp(prefix="acts-", dir=cache_dir("datasets")))
     return _arrow_dataset(acts, folder / "data.arrow", rows_per_group)
 
@@ -364,7 +363,6 @@ def write_hf(acts: AnyActivations, path: str | os.PathLike[str], *,
              rows_per_group: int | None = None) -> Path:
     """Write ``acts`` as a Hugging Face dataset folder (``save_to_disk``), streamed through a
     memory-mapped Arrow file next to ``path``; the folder appears complete or not at all."""
-    from .._io import record_tree, remove_written
     from ..results.folder import check_output_path
 
     path = check_output_path(path, kind="folder")  # an existing folder holds only lmgeom's files

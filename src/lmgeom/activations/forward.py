@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from ..errors import ConfigError, DataError
 
@@ -52,8 +53,6 @@ value``) into its output arrays (the shard written to ``store``); runs under ``n
 def progress_bar(total: int, desc: str, progress: bool | None):
     """A tqdm bar of ``total`` batches; ``progress=None``: shown when stderr is a terminal and
     ``LMGEOM_QUIET`` is not set."""
-    from tqdm.auto import tqdm
-
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("LMGEOM_QUIET")
     return tqdm(total=total, desc=desc, unit="batch", disable=not progress, leave=False)

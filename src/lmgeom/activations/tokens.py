@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors import safe_open
 
 from .._io import stable_hash
 from ..errors import ConfigError, TextsError
@@ -50,8 +51,6 @@ class TokenActivations:
 
     def get(self, i: int, layer: str) -> np.ndarray:
         """``(T_i, d)`` float32 states of text ``i`` at ``layer``."""
-        from safetensors import safe_open
-
         if layer not in self.layers:
             raise ConfigError(f"layer {layer!r} was not extracted (have: {', '.join(self.layers)})")
         s, j = self._where[i]

@@ -40,9 +40,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engines.base import EngineConfig
+from ..engines.ray_cluster import ensure_ray
 from ..errors import ConfigError
 from ..experiments.options import DEFAULT_TEXTS, ModelOptions, TextOptions
 from ..models.bundled import DEFAULT_MODEL
+from ..results.console import format_table
 from .checks import OPTIONAL_DEPS, TEXT_SPEC_OPTIONS, require_module, validate_args
 from .types import (
     SEED_MAX,
@@ -414,8 +416,6 @@ def engine_from_args(args):
     the requested resources checked now, before any output folder is written."""
     cfg = options_from_args(args, EngineConfig)
     if cfg.engine == "ray":
-        from ..engines.ray_cluster import ensure_ray
-
         ensure_ray(cfg)
     return cfg
 
@@ -450,8 +450,6 @@ def progress_from_args(args) -> bool | None:
 
 def print_table(rows: list[dict], columns: list[str] | None = None, floatfmt: str = "{:.4g}") -> None:
     """Print rows as an aligned plain-text table (CLI output)."""
-    from ..results.console import format_table
-
     print(format_table(rows, columns, floatfmt))
 
 

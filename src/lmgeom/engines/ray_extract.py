@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from .._testing import hold
-from ..activations.core import Activations, progress_bar
+from ..activations.core import Activations, plan_extraction, progress_bar
 from ..errors import ConfigError, LmgeomError, TextsError
+from ..texts import as_textset
 from .base import ClusterError, EngineConfig
 from .ray_cluster import ensure_ray, forwarded_env
 
@@ -57,8 +58,6 @@ class ExtractWorker:
         self.plans: dict[str, Any] = {}
 
     def prepare(self, ts, params: dict[str, Any]) -> dict[str, Any]:
-        from ..activations.core import plan_extraction
-
         plan = plan_extraction(self.model, ts, **params)
         self.plans[plan.key] = plan
         return {"plan": plan, "device": str(self.model.device)}
@@ -67,8 +66,6 @@ class ExtractWorker:
         plan = self.plans.get(key)
         if plan is None:  # a restarted actor: rebuild the plan from the corpus in the store
             import ray
-
-            from ..activations.core import plan_extraction
 
             plan = plan_extraction(self.model, ray.get(boxed_ts[0]), **params)
             if plan.key != key:  # pragma: no cover - the worker's model changed under us
@@ -127,8 +124,6 @@ def extract_distributed(
         The same :class:`Activations` as a local extraction, with ``timings`` that also record
         the number of workers.
     """
-    from ..texts import as_textset
-
     cfg = engine or EngineConfig(engine="ray")
     if cfg.engine != "ray":
         raise ConfigError("extract_distributed needs an EngineConfig with engine='ray'")

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from ..activations import extract
 from ..engines.base import EngineConfig, make_engine
 from ..errors import ConfigError
 from ..metrics.sample_size import split_flags, warn_low_sample
@@ -24,8 +25,10 @@ from ..models.bundled import DEFAULT_MODEL
 from ..results import table
 from ..results.console import format_table
 from .base import register
-from .layer_sweep import LayerSweepConfig, config_dict, run_layer_sweep
+from .layer_sweep import LayerSweepConfig, config_dict, layer_span, model_basis, run_layer_sweep
 from .options import ModelOptions, TextOptions
+from .probes import probe_labels, probe_rows, probe_skip_reason
+from .samples import sample_rows
 
 #: ``k = "auto"``: min(AUTO_K_MAX, width // AUTO_K_DIV)
 AUTO_K_MAX = 100
@@ -123,8 +126,6 @@ def analyze_model(
         log_samples: also compute the per-text rows of :mod:`~.samples` (one more forward
             pass, for the per-text perplexity).
     """
-    from ..activations import extract
-
     opts = model_options or ModelOptions()
     if hub_revision is not None:
         opts = replace(opts, revision=hub_revision)
@@ -146,8 +147,6 @@ def analyze_model(
         frames = [df]
         skipped = None
         if probes:
-            from .probes import probe_labels, probe_rows, probe_skip_reason
-
             # too few texts per class for the optional probes: skip them, keep the run
             skipped = probe_skip_reason(probe_labels(acts), folds=folds,
                                         text_labels=getattr(texts, "labels", None))
@@ -160,9 +159,6 @@ def analyze_model(
                 timings["probes_s"] = time.perf_counter() - t
         samples = None
         if log_samples:
-            from .layer_sweep import model_basis
-            from .samples import sample_rows
-
             t = time.perf_counter()
             samples = sample_rows(model, texts, acts, model_basis(model, cfg), revision=revision,
                                   label=label, progress=progress)
@@ -310,8 +306,6 @@ class AnalyzeResult:
     def flag_note(self, model: str) -> str:
         """One line under a model's z table when some of its z values rest on too little data
         (``""`` when none): which flags, in which layers."""
-        from .layer_sweep import layer_span
-
         df = self.frame
         if "flag" not in df.columns:
             return ""

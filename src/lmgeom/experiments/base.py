@@ -22,6 +22,8 @@ the config class by name.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,9 +112,6 @@ def registered() -> dict[str, type]:
 
 def timed(timings: dict[str, float], key: str) -> Callable[..., Any]:
     """``with timed(t, "load_s"):`` adds the block's wall time to ``t[key]``."""
-    import contextlib
-    import time
-
     @contextlib.contextmanager
     def _cm():
         t0 = time.perf_counter()

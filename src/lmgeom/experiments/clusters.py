@@ -46,8 +46,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, DataError, TextsError
+from ..lm.perplexity import forward_chunks
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
+from ..results.console import format_table
+from ..texts import as_textset
 from .base import register, timed
 from .options import ModelOptions, TextOptions
 
@@ -135,8 +138,6 @@ def find_clusters(tokenizer, texts, config: ClusterConfig | None = None, *,
         config: :class:`ClusterConfig`.
         reference: name recorded as the reference tokenizer.
     """
-    from ..texts import as_textset
-
     config = config or ClusterConfig()
     ts = as_textset(texts)
     n, W, m = config.ngram, config.window, config.min_context
@@ -259,7 +260,6 @@ def context_rows(model, contexts, window: int) -> list[np.ndarray]:
 def cluster_states(model, cset: ClusterSet, *, layers: Any = "all", batch_size: int = 16,
                    progress: bool | None = None, cache: bool = True) -> ClusterStates:
     """Run ``model`` on every context of ``cset`` and compute per-layer cluster dispersions."""
-    from ..lm.perplexity import forward_chunks
     from ..metrics import dispersion
     from ..models import load_model
     from .dispersion import last_state
@@ -447,8 +447,6 @@ class ClustersResult:
                             title=f"lmgeom clusters — {', '.join(self.config.models)}")
 
     def summary(self) -> str:
-        from ..results.console import format_table
-
         df, cset, models = self.frame, self.cset, self.config.models
         sizes = cset.sizes
         lines = [(f"{self.texts['source']}: {cset.n_found} clusters found (reference "

@@ -11,16 +11,22 @@ z); the heatmap of readout-space Spearman covers every layer pair with a small n
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from ..activations import extract
+from ..activations.core import progress_bar
 from ..errors import ConfigError, LmgeomError
+from ..metrics import cross_model_alignment
 from ..metrics.regime import parse_setting
 from ..results import table
+from ..results.console import format_table
 from .base import register
+from .layer_sweep import LayerSweepConfig, model_basis
 from .options import ModelOptions, TextOptions
 
 
@@ -69,9 +75,6 @@ def parse_layer_map(spec: str, labels_a, labels_b) -> list[tuple[str, str]]:
 def converge_pair(model_a, acts_a, basis_a, model_b, acts_b, basis_b, config: ConvergeConfig,
                   progress: bool | None = None) -> tuple[list[dict], np.ndarray | None]:
     """Rows for one model pair, and the readout-Spearman matrix over all layer pairs."""
-    from ..activations.core import progress_bar
-    from ..metrics import cross_model_alignment
-
     if acts_a.texts_hash != acts_b.texts_hash:
         raise ConfigError("the two models must see the same texts")
     la, lb = list(acts_a.layers), list(acts_b.layers)
@@ -170,11 +173,6 @@ class ConvergeExperiment:
 
     def run(self, *, work_dir: str | Path | None = None,
             progress: bool | None = None) -> ConvergeResult:
-        import time
-
-        from ..activations import extract
-        from .layer_sweep import LayerSweepConfig, model_basis
-
         t0 = time.perf_counter()
         texts = self.texts.load()
         loaded = []
@@ -236,8 +234,6 @@ class ConvergeResult:
                             extra_figures=figures)
 
     def summary(self) -> str:
-        from ..results.console import format_table
-
         c = self.config.config
         return (f"Cross-model convergence on {self.source} ({self.n_texts} texts), k={c.k}, "
                 f"CCR-{c.ccr}, n_null={c.n_null}, seed={c.seed}\n"

@@ -34,6 +34,7 @@ Model-level rows (``layer = ""``): ``perplexity`` (corpus perplexity of the chun
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -44,11 +45,16 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from ..errors import ConfigError
+from .._io import atomic_path
+from ..errors import CacheError, ConfigError
+from ..lm.perplexity import forward_chunks
 from ..metrics.dispersion import group_means, token_dispersion
 from ..metrics.uncertainty import correlation_interval, mean_interval
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
+from ..results.console import format_table
+from ..results.folder import acquire_output_lock, is_run_folder, release_output_lock
+from ..texts import as_textset
 from ..texts.chunks import BOS_CHOICES, DEFAULT_CHUNK_LEN, Chunks, make_chunks
 from .base import register, timed
 from .options import ModelOptions, TextOptions
@@ -104,8 +110,6 @@ class ChunkMeasurements:
     def to_frame(self, revision: str = ""):
         """Long per-chunk table: model, revision, texts, chunk, start, layer, layer_index,
         dispersion, perplexity, mean_nll."""
-        import pandas as pd
-
         n, L = len(self.perplexity), len(self.layers)
         return pd.DataFrame({
             "model": self.model,
@@ -141,9 +145,7 @@ def measure_chunks(
     Results are cached per batch (``$LMGEOM_CACHE/forward``), so a killed run resumes and a
     rerun is cheap.
     """
-    from ..lm.perplexity import forward_chunks
     from ..models import load_model
-    from ..texts import as_textset
 
     t0 = time.perf_counter()
     model = load_model(model)
@@ -250,10 +252,6 @@ def collect_results(run_dir) -> Any:
     ``lmgeom analyze`` (or anyone) can append these to its own rows before calling
     :func:`lmgeom.report.html.write_report`, so one report shows both.
     """
-    from pathlib import Path
-
-    import pandas as pd
-
     frames = []
     for stem in RESULT_TABLES:
         p = Path(run_dir) / f"{stem}.parquet"
@@ -268,8 +266,6 @@ def attach_to_run(run_dir, df, stem: str = "dispersion", *, title: str | None = 
     """Write ``df`` as ``run_dir/<stem>.parquet|csv`` and regenerate ``run_dir/report.html``
     from the run's own table (``layers.parquet`` of ``lmgeom analyze``) plus every
     dispersion-family table there. Returns the report path."""
-    from ..results.folder import acquire_output_lock, release_output_lock
-
     run = check_attach(run_dir)
     key = acquire_output_lock(run, option="--attach")
     try:
@@ -281,11 +277,6 @@ def attach_to_run(run_dir, df, stem: str = "dispersion", *, title: str | None = 
 def check_attach(run_dir) -> Any:
     """The run folder ``run_dir`` for ``--attach``: it must be an lmgeom run folder (marker and
     manifest written by lmgeom), so attaching never writes into a folder of other files."""
-    from pathlib import Path
-
-    from ..errors import CacheError
-    from ..results.folder import is_run_folder
-
     run = Path(run_dir).expanduser()
     if not run.is_dir():
         raise CacheError(f"--attach {run}: no such run folder (run `lmgeom analyze --out {run}` "
@@ -298,10 +289,6 @@ def check_attach(run_dir) -> Any:
 
 
 def _attach(run, df, stem: str, title: str | None):
-    import json
-
-    import pandas as pd
-
     from ..report.html import write_report
 
     table.write_table(df, run, stem)
@@ -441,7 +428,6 @@ class DispersionResult:
 
     def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
         """``chunks.parquet``, the scatter and correlation plots, and ``report.html``."""
-        from .._io import atomic_path
         from ..report.figures_dispersion import plot_dispersion_correlation, plot_scatter
         from ..report.html import write_report
 
@@ -456,8 +442,6 @@ class DispersionResult:
                                   f"{', '.join(c.corpora)}")
 
     def summary(self) -> str:
-        from ..results.console import format_table
-
         cfg, df, parts = self.config.dispersion, self.frame, []
         for m in self.measured:
             s_chunk = f"texts={m.texts};level=chunk"

@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from ..activations import extract
 from ..engines.base import EngineConfig
+from ..engines.ray_extract import extract_distributed
 from .options import ModelOptions
 
 
@@ -20,11 +22,8 @@ def extract_activations(spec: str, texts, *, model_options: ModelOptions | None 
     n_tokens, seed, progress."""
     opts = model_options or ModelOptions()
     if engine is not None and engine.engine == "ray":
-        from ..engines.ray_extract import extract_distributed
-
         return extract_distributed(spec, texts, engine=engine, load_kwargs=opts.load_kwargs(),
                                    **params)
-    from ..activations import extract
 
     return extract(opts.load(spec), texts, **params)
 

@@ -32,12 +32,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+import pandas as pd
 
+from .._io import atomic_path
+from ..activations.core import encode_texts
 from ..errors import ConfigError, DataError
+from ..lm.perplexity import forward_chunks
 from ..metrics.dispersion import token_dispersion
 from ..metrics.uncertainty import correlation_interval, quantile_overlap
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
+from ..results.console import format_table
+from ..texts import as_textset
 from .base import register
 from .options import ModelOptions, TextOptions
 
@@ -112,12 +118,7 @@ def _snippet(text: str, n: int = SNIPPET_CHARS) -> str:
 def rank_hardness(model, texts, config: HardnessConfig | None = None, *,
                   progress: bool | None = None, cache: bool = True) -> HardnessResult:
     """Rank ``texts`` by dispersion (low first) and evaluate the ranking against perplexity."""
-    import pandas as pd
-
-    from ..activations.core import encode_texts
-    from ..lm.perplexity import forward_chunks
     from ..models import load_model
-    from ..texts import as_textset
 
     config = config or HardnessConfig()
     model = load_model(model)
@@ -275,7 +276,6 @@ class HardnessRun:
 
     def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
         """``hardness.csv`` (the per-text ranking, replacing the tidy csv) and the report."""
-        from .._io import atomic_path
         from ..report.html import write_report
 
         with atomic_path(folder.path / "hardness.csv") as tmp:
@@ -284,8 +284,6 @@ class HardnessRun:
                             title=f"lmgeom hardness — {self.config.spec}")
 
     def summary(self, show: int = 10) -> str:
-        from ..results.console import format_table
-
         res, q = self.result, self.config.hardness.quantile
         r, (lo, hi) = res.spearman, res.null_interval
         short = f", {res.n_skipped} too short" if res.n_skipped else ""

@@ -57,10 +57,18 @@ from ..lm.knnlm import (
     DISTANCES,
     IndexSpec,
     KnnEval,
+    build_datastores,
+    evaluate,
+    perplexity_of,
+    position_states,
+    temperature_label,
 )
+from ..lm.perplexity import forward_chunks, model_context
 from ..metrics.dispersion import token_dispersion
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
+from ..results.console import format_table
+from ..texts import as_textset
 from ..texts.chunks import make_chunks
 from .base import register
 from .options import ModelOptions, TextOptions
@@ -157,8 +165,6 @@ def config_dict(config: KnnConfig) -> dict[str, Any]:
 def split_corpus(train, eval_=None, *, fraction: float = DEFAULT_EVAL_FRACTION, seed: int = 0):
     """``(train TextSet, eval TextSet, how)``: ``eval_`` as given, or a seeded ``fraction`` of
     the train texts held out (the rest trains)."""
-    from ..texts import as_textset
-
     tr = as_textset(train)
     if eval_ is not None:
         ev = as_textset(eval_)
@@ -213,8 +219,6 @@ def measure_point_dispersion(model, chunks, points, *, n_tokens: int = DEFAULT_S
                              progress: bool | None = None) -> dict[str, PointDispersion]:
     """Dispersion of each point on a seeded sample of ``chunks`` holding about ``n_tokens``
     positions (see the module docstring, step 3)."""
-    from ..lm.perplexity import forward_chunks
-
     red_from = 1 if chunks.bos else 0
     per_chunk = chunks.tokens.shape[1] - red_from
     want = min(len(chunks), max(1, math.ceil(n_tokens / per_chunk)))
@@ -300,8 +304,6 @@ def run_knnlm(model, train, eval_=None, config: KnnConfig | None = None, *,
               progress: bool | None = None) -> KnnRun:
     """Dispersion of the candidate points, datastores, retrieval and the λ sweep (see the
     module docstring)."""
-    from ..lm.knnlm import build_datastores, evaluate, perplexity_of, position_states
-    from ..lm.perplexity import forward_chunks
     from ..models import load_model
 
     config = config or KnnConfig()
@@ -316,7 +318,6 @@ def run_knnlm(model, train, eval_=None, config: KnnConfig | None = None, *,
     else:
         points = model.resolve_points(config.point)
     cl = config.chunk_len
-    from ..lm.perplexity import model_context
 
     ctx = model_context(model)
     if ctx is not None and cl + 1 > ctx:
@@ -393,8 +394,6 @@ def run_knnlm(model, train, eval_=None, config: KnnConfig | None = None, *,
 
 
 def _tname(t) -> str:
-    from ..lm.knnlm import temperature_label
-
     return temperature_label(t)
 
 
@@ -559,8 +558,6 @@ class KnnlmResult:
                             extra_figures=[("kNN-LM by measurement point", figs, caption)])
 
     def summary(self) -> str:
-        from ..results.console import format_table
-
         res, c = self.run, self.config
         cfg, lam = c.knnlm, c.knnlm.lam
         ev0 = next(iter(res.evals.values()))

@@ -8,18 +8,24 @@ seed, so reuse changes nothing).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .. import metrics as M
 from .._io import stable_hash, write_json
 from .._testing import pause
+from ..activations.core import progress_bar
+from ..activations.forward import model_identity
 from ..errors import ConfigError, LmgeomError
+from ..lm import logit_lens
+from ..metrics import readout_basis
 from ..metrics.sample_size import (
     MIN_PAIRS,
     MIN_PAIRS_HARD,
@@ -84,8 +90,6 @@ class LayerSweepConfig:
 
 def model_basis(model, config: LayerSweepConfig) -> np.ndarray:
     """The ``(d, k)`` readout basis of ``model`` (raw ``W_U`` or ``W_U · diag(γ)``)."""
-    from ..metrics import readout_basis
-
     W = model.W_U.detach().float().cpu().numpy()
     if config.k >= W.shape[1]:
         raise ConfigError(f"k = {config.k} must be smaller than the width d = {W.shape[1]} of {model.name}")
@@ -116,8 +120,6 @@ def layer_metrics(X: np.ndarray, basis: np.ndarray, config: LayerSweepConfig, la
 def layer_rows(X: np.ndarray, basis: np.ndarray, config: LayerSweepConfig,
                label: str) -> tuple[list[dict[str, Any]], list[str]]:
     """:func:`layer_metrics` without the warnings: ``(rows, low-sample messages)``."""
-    from .. import metrics as M
-
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     n = X.shape[0]
@@ -233,8 +235,6 @@ def run_layer_sweep(
     Returns:
         (tidy DataFrame, timings dict)
     """
-    from ..activations.core import progress_bar
-
     t0 = time.perf_counter()
     basis = model_basis(model, config)
     L = model.n_blocks
@@ -270,8 +270,6 @@ def run_layer_sweep(
     t_pga = time.perf_counter() - t0
     t1 = time.perf_counter()
     if config.logit_lens and "final" in acts.layers:
-        from ..lm import logit_lens
-
         for res in logit_lens(model, acts):
             idx = model.point_index(res.layer)
             common = dict(model=model.name, revision=revision, layer=res.layer, layer_index=idx,
@@ -288,10 +286,6 @@ def _content_key(model, states, config: LayerSweepConfig) -> str:
     readout's weights (the model identity: weights hash, resolved revision, tokenizer) and every
     setting. A changed corpus, weights replaced in place or a moved hub revision give a new key,
     so ``.work/`` never answers with another input's numbers."""
-    import hashlib
-
-    from ..activations.forward import model_identity
-
     h = hashlib.sha256(np.ascontiguousarray(states).tobytes())
     h.update(stable_hash([model_identity(model), config_dict(config)]).encode())
     return h.hexdigest()[:16]
@@ -332,8 +326,6 @@ def pga_rows(model, acts, config: LayerSweepConfig, *, revision: str = ""):
         (summary rows: one dict per layer × CCR level with z, rho_readout, null mean / std,
         p-value and pairs; the tidy table of every metric row)
     """
-    from dataclasses import replace
-
     basis = model_basis(model, config)
     config = replace(config, spectral=False)
     summary, tidy = [], []

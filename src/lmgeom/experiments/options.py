@@ -65,7 +65,7 @@ class TextOptions:
     label_column: str | None = None
 
     def load(self, spec: str | None = None):
-        from ..texts import load_texts
+        from ..texts import load_texts  # numpy: kept off ``lmgeom --help``
 
         return load_texts(spec or self.spec, limit=self.n, seed=self.seed, split=self.split,
                           text_column=self.text_column, label_column=self.label_column)

@@ -15,10 +15,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+import pandas as pd
+from scipy import stats
 
+from ..activations import extract
+from ..activations.core import progress_bar
 from ..errors import LmgeomError, TextsError
+from ..metrics import probe_accuracy
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
+from ..results.console import format_table
 from .base import register
 from .layer_sweep import LayerSweepConfig, config_dict, run_layer_sweep
 from .options import ModelOptions, TextOptions
@@ -69,11 +75,6 @@ def probe_skip_reason(labels, *, folds: int = 5, text_labels=None) -> str | None
 
 def probe_rows(model, acts, *, folds: int = 5, seed: int = 0, C: float = 1.0, revision: str = "",
                progress: bool | None = None) -> list[dict]:
-    from scipy import stats
-
-    from ..activations.core import progress_bar
-    from ..metrics import probe_accuracy
-
     y = probe_labels(acts)
     L = model.n_blocks
     rows = []
@@ -132,10 +133,6 @@ class ProbeExperiment:
 
     def run(self, *, work_dir: str | Path | None = None,
             progress: bool | None = None) -> ProbeResult:
-        import pandas as pd
-
-        from ..activations import extract
-
         t0 = time.perf_counter()
         cfg, rev = self.layers, self.model.revision or ""
         texts = self.texts.load()
@@ -185,8 +182,6 @@ class ProbeResult:
                             title=f"lmgeom probe — {self.config.spec}")
 
     def summary(self) -> str:
-        from ..results.console import format_table
-
         c = self.config
         wide = self.frame.pivot_table(index=["layer_index", "layer"], columns="metric",
                                       values="value", sort=True, aggfunc="first")

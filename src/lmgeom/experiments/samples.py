@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
+from ..lm import perplexity
 
 
 def text_facts(model, texts, max_length: int | None) -> dict[str, object]:
@@ -64,8 +65,6 @@ def sample_rows(model, texts, acts, basis: np.ndarray, *, revision: str = "",
         revision, label: the ``revision`` and ``model`` columns.
         batch_size: texts per forward pass of the perplexity.
     """
-    from ..lm import perplexity
-
     if acts.row_text is not None:
         raise ConfigError("--log-samples needs one vector per text (pooling last or mean), not "
                           "pooling tokens")

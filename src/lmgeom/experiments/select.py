@@ -57,9 +57,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..activations.core import extract
 from ..errors import ConfigError, ModelError, TextsError
+from ..lm.perplexity import model_context, perplexity
+from ..metrics import dispersion_gap, dispersion_gap_states
 from ..metrics.uncertainty import MIN_N_CI, Agreement, rank_agreement, ranks_desc
 from ..results import table
+from ..results.console import format_table
+from ..texts import limit_textset, load_texts
 from .base import register
 from .select_inputs import (
     DOMAINS,
@@ -173,8 +178,6 @@ class Corpora:
 def load_corpora(config: SelectConfig, loader=None) -> Corpora:
     """Load / split the corpora (see the module docstring); ``loader(spec)`` → TextSet
     (default :func:`lmgeom.texts.load_texts`)."""
-    from ..texts import limit_textset, load_texts
-
     load = loader or (lambda spec: load_texts(spec))
     seed = config.seed
     general_full = load(config.general_texts)
@@ -237,9 +240,6 @@ def scored_bytes(model, texts: Sequence[str]) -> int:
 def measure_candidate(model, candidate: Candidate, config: SelectConfig, corpora: Corpora, *,
                       cache: bool = True, progress: bool | None = None) -> CandidateResult:
     """Dispersion gap (both variants where requested) and domain perplexity of one model."""
-    from ..activations.core import extract
-    from ..metrics import dispersion_gap, dispersion_gap_states
-
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     _, words = domain_words(config.domain)
@@ -275,8 +275,6 @@ def measure_candidate(model, candidate: Candidate, config: SelectConfig, corpora
     res = CandidateResult(candidate=candidate, gap_wu=gap_wu, gap_states=gap_states, tokens=ts,
                           general_info=ginfo, describe=model.describe(), timings=timings)
     if corpora.eval is not None:
-        from ..lm.perplexity import model_context, perplexity
-
         t = time.perf_counter()
         ctx = model_context(model)
         max_len = min(config.max_length, ctx) if ctx else config.max_length
@@ -567,8 +565,6 @@ class SelectResult:
                             extra_figures=[("Dispersion gap vs measured quality", figs, caption)])
 
     def summary(self) -> str:
-        from ..results.console import format_table
-
         c, run = self.config.select, self.run
         lines = [f"domain {c.domain_name}: {len(self.config.candidates)} candidates; "
                  "variant=W_U uses rows of W_U (no forward pass)"

@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import socket
+import tempfile
 import time
 import traceback
 from collections.abc import Sequence
@@ -44,15 +45,21 @@ import pandas as pd
 
 from .._io import atomic_path, stable_hash, write_json
 from .._testing import fail_once
+from ..activations.core import progress_bar
 from ..engines.base import EngineConfig, make_engine
 from ..errors import ConfigError, LmgeomError
+from ..metrics.regime import regimes_from_table
+from ..metrics.sample_size import join_flags, split_flags
 from ..report.figures_sweep import last_revisions, write_sweep_report
 from ..results import table
+from ..results.console import format_table
 from ..results.table import step_of
+from ..training.suite import duplicate_weights, read_suite, suite_checkpoints
 from .analyze import analyze_model, resolve_k
 from .base import register
 from .layer_sweep import LayerSweepConfig, config_dict
 from .options import ModelOptions, TextOptions
+from .regime import regime_rows
 
 log = logging.getLogger(__name__)
 
@@ -216,8 +223,6 @@ def sweep_job(
 def jobs_from_suite(root: str | Path, *, widths: Sequence[int] | None = None,
                     steps: Sequence[int] | None = None) -> list[JobSpec]:
     """One job per saved checkpoint of a suite folder (optionally only some widths / steps)."""
-    from ..training.suite import suite_checkpoints
-
     cks = suite_checkpoints(root)
     if widths:
         missing = sorted({int(w) for w in widths} - {c["width"] for c in cks})
@@ -263,7 +268,6 @@ def select_jobs(*, suite: str | Path | None = None, widths: Sequence[int] | None
         if revisions:
             raise ConfigError("--revision is for hub models; a suite's checkpoints are its steps "
                               "(select them with --steps)")
-        from ..training.suite import read_suite
 
         read_suite(suite)  # a clear error for a folder that is not a suite
         return (jobs_from_suite(suite, widths=widths, steps=steps),
@@ -302,8 +306,6 @@ def run_jobs(
             the same numbers; each finished job's rows are written to the cache as soon as it
             ends, so an interrupted sweep resumes with the jobs still missing.
     """
-    from ..activations.core import progress_bar
-
     cfg = engine if isinstance(engine, EngineConfig) else EngineConfig(engine=str(engine))
     options = options or JobOptions()
     if cfg.engine == "ray":
@@ -416,8 +418,6 @@ def trajectory_rows(df: pd.DataFrame, tracked: dict[str, list[str]]) -> list[dic
 
 def identical_weight_groups(results: Sequence[JobResult]) -> list[list[str]]:
     """Names (``model@revision``) of jobs whose weights hash to the same value, in groups."""
-    from ..training.suite import duplicate_weights
-
     items = [(r.job.name, r.info.get("weights_sha256") or r.job.weights_sha256) for r in results]
     return duplicate_weights(items)
 
@@ -430,9 +430,6 @@ def gather(results: Sequence[JobResult], *, primary_ccr: int = 1) -> tuple[pd.Da
         ``failed_jobs``, ``identical_weights``, ``regimes`` (``model@revision`` → sentence),
         ``tracked_layers``.
     """
-    from ..metrics.regime import regimes_from_table
-    from .regime import regime_rows
-
     frames = [r.frame for r in results if r.ok and r.frame is not None]
     failed = [r for r in results if not r.ok]
     fail_rows = [table.row(model=r.job.model, revision=r.job.revision, metric="job_failed",
@@ -467,8 +464,6 @@ def gather(results: Sequence[JobResult], *, primary_ccr: int = 1) -> tuple[pd.Da
 
 def low_sample_jobs(results: Sequence[JobResult]) -> dict[str, str]:
     """``model@revision`` -> the low-sample flag codes of its rows (jobs with none left out)."""
-    from ..metrics.sample_size import join_flags, split_flags
-
     out = {}
     for r in results:
         if not r.ok or r.frame is None or "flag" not in r.frame.columns:
@@ -511,8 +506,6 @@ class SweepResult:
                                   n_jobs=len(self.results), ccrs=ccrs, title=title)
 
     def summary(self) -> str:
-        from ..results.console import format_table
-
         df, entries = self.frame, self.entries
         ccr = self.config.layers.ccr if self.config is not None else (1, 5)
         out: list[str] = []
@@ -603,8 +596,6 @@ class SweepConfig:
 
     def run(self, *, work_dir: str | Path | None = None,
             progress: bool | None = None) -> SweepResult:
-        import tempfile
-
         extra: dict[str, Any] = {"engine": self.engine.describe()}
         timings: dict[str, float] = {}
         t = time.perf_counter()
@@ -627,8 +618,6 @@ class SweepConfig:
             "timings": timings,
         })
         if self.suite is not None:
-            from ..training.suite import read_suite
-
             sm = read_suite(self.suite)
             extra["suite_manifest"] = {key: sm.get(key) for key in (
                 "format", "tokens_per_width", "steps_total", "seed", "checkpoint_steps",

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ConfigError
+
 
 @dataclass(frozen=True)
 class LogitLensResult:
@@ -31,8 +33,6 @@ def logit_lens(model, acts, *, chunk: int = 64) -> list[LogitLensResult]:
         chunk: texts per readout matmul (bounds memory at ``chunk × V`` floats).
     """
     import torch
-
-    from ..errors import ConfigError
 
     if "final" not in acts.layers:
         raise ConfigError("logit lens needs the 'final' layer in the activations")

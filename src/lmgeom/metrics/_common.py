@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from lmgeom.errors import ConfigError, DataError
 
@@ -138,8 +139,6 @@ SMALL_FLOPS = 2e9
 @functools.lru_cache(maxsize=1)
 def _controller() -> Any:
     try:
-        from threadpoolctl import ThreadpoolController
-
         return ThreadpoolController()
     except Exception:  # noqa: BLE001  # pragma: no cover - threadpoolctl missing or broken
         return None

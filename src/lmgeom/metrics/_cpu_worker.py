@@ -18,6 +18,7 @@ Everything is float64, except the per-frame projections and dot products with fl
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 from collections.abc import Callable
@@ -251,8 +252,6 @@ def _syrk_functions() -> dict[str, Callable[[np.ndarray, np.ndarray], None]] | N
     scipy.linalg uses), called through ctypes, which releases the GIL during the call, so
     worker threads overlap. None when that is unavailable (numpy GEMMs are used then)."""
     try:
-        import ctypes
-
         from numba.extending import get_cython_function_address
 
         ptr, ci = ctypes.POINTER, ctypes.c_int

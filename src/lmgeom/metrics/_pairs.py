@@ -13,6 +13,7 @@ expanded, and pairs of identical rows get distance exactly 0 in every space.
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,8 +255,6 @@ def _sddmm_available() -> bool:
     """Whether torch.sparse.sampled_addmm works on CPU in float64 (a pair-list Gram in O(M k));
     probed once per process. Without it the numpy row-dot path is used."""
     try:
-        import warnings
-
         import torch
 
         with warnings.catch_warnings():
@@ -400,8 +399,6 @@ def _take_into(G: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
 
 def _sddmm(layout: Layout, Yu: np.ndarray, out: np.ndarray) -> None:
     """Dot products y_a . y_b for the layout's pair list via torch's sampled dense-dense matmul."""
-    import warnings
-
     import torch
 
     cache = layout._torch_cache

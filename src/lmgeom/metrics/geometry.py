@@ -38,6 +38,8 @@ from lmgeom.metrics._common import (
     to_numpy,
 )
 
+from .._env import frame_cache_mb
+
 __all__ = [
     "RANK_RTOL",
     "ZERO_RTOL",
@@ -428,8 +430,6 @@ def iter_frames(rng: np.random.Generator, dims: list[tuple[int, int]],
 
 def _frame_cache_budget() -> int:
     """Bytes the null-frame cache may hold (``LMGEOM_FRAME_CACHE_MB``, default 512; 0 = off)."""
-    from .._env import frame_cache_mb
-
     return max(0, int(frame_cache_mb() * 2**20))
 
 

@@ -37,6 +37,7 @@ import warnings
 from collections.abc import Iterable
 
 import numpy as np
+import scipy.linalg
 
 from lmgeom.errors import LowSampleWarning
 
@@ -131,8 +132,6 @@ def _prefix(label: str | None) -> str:
 def numerical_rank(A: np.ndarray, rtol: float) -> int:
     """Numerical rank of ``A`` (n, d): singular values above ``rtol`` x the largest, from the
     eigenvalues of the smaller Gram matrix (the convention of the CCR rank check)."""
-    import scipy.linalg
-
     n, d = A.shape
     C = A @ A.T if n <= d else A.T @ A
     lam = scipy.linalg.eigvalsh(C)

@@ -10,9 +10,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+from filelock import FileLock
+
 from .._io import sha256_file, stable_hash
 from .._paths import cache_dir
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from .adapter import LanguageModel
 from .bundled import BUNDLED, DEFAULT_MODEL, gguf_path
 from .checks import check_device, check_device_map, check_gguf_file, read_config_json
@@ -30,10 +33,6 @@ DEFAULT_DTYPE = "float32"
 
 def resolve_dtype(dtype: Any):
     """``None``/``"auto"`` → the default; strings and ``torch.dtype`` accepted."""
-    import torch
-
-    from ..errors import ConfigError
-
     if dtype is None or dtype == "auto":
         dtype = DEFAULT_DTYPE
     if isinstance(dtype, torch.dtype):
@@ -78,7 +77,6 @@ def load_model(
     """
     if isinstance(spec, LanguageModel):
         return spec
-    import torch
 
     torch_dtype = resolve_dtype(dtype)
     device = check_device(device)
@@ -309,9 +307,6 @@ def _gguf_folder(path: Path, name: str) -> tuple[Path, dict[str, Any]]:
 
 def _convert_gguf(gguf: Path, sha: str, key: str) -> tuple[Path, dict[str, Any]]:
     """Dequantize ``gguf`` once into a safetensors folder under the cache (atomic, locked)."""
-    import torch
-    from filelock import FileLock
-
     folder = cache_dir("models") / key
     identity = {"gguf_sha256": sha, "weights_sha256": sha}
     done = folder / ".lmgeom-converted"

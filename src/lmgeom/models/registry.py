@@ -18,7 +18,10 @@ For every supported architecture ``block_out − block_in == attn_out + ffn_out`
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+from ..errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -107,9 +110,6 @@ def spec_for(model_type: str, base) -> ArchSpec:
     """The :class:`ArchSpec` for ``model_type``; unknown types are probed generically."""
     if model_type in ARCHS:
         return ARCHS[model_type]
-    import logging
-
-    from ..errors import ModelError
 
     blocks = next((b for b in _GENERIC_BLOCKS if _has(base, b)), None)
     norm = next((n for n in _GENERIC_NORMS if _has(base, n)), None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from ..metrics.regime import parse_setting
 from .plots import save_figure
@@ -13,8 +14,6 @@ from .plots import save_figure
 
 def plot_heatmap(matrix: np.ndarray, labels_a, labels_b, name_a: str, name_b: str,
                  out_dir: Path, stem: str) -> list[Path]:
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(max(5, 0.22 * len(labels_b) + 2), max(4, 0.18 * len(labels_a) + 1.5)))
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(matrix, aspect="auto", origin="lower", cmap="viridis")
@@ -29,8 +28,6 @@ def plot_heatmap(matrix: np.ndarray, labels_a, labels_b, name_a: str, name_b: st
 
 
 def plot_bars(df, name_a: str, name_b: str, out_dir: Path, stem: str) -> list[Path]:
-    from matplotlib.figure import Figure
-
     sub = df[(df.model == name_a) & df.setting.map(lambda s: parse_setting(s).get("vs") == name_b)]
     wide = sub.pivot_table(index=["layer_index", "layer", "setting"], columns="metric", values="value",
                            aggfunc="first").reset_index().sort_values("layer_index")

@@ -6,8 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from ..lm.knnlm import temperature_label
 from ..metrics.dispersion import group_means
 from .plots import plot_metric_by_layer, save_figure
 
@@ -56,11 +61,8 @@ def plot_scatter(measurements: Sequence[Any], config: Any, out_dir,
     """
     if not measurements:
         return []
-    import matplotlib
 
     matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     per = [scatter_layers(m, layers) for m in measurements]
     cols = max(len(p) for p in per)
@@ -109,10 +111,6 @@ def plot_knnlm(run: Any, out_dir, stem: str = "knnlm") -> list:
         run: a :class:`~lmgeom.experiments.knnlm.KnnRun`.
         out_dir: the plots folder.
     """
-    from matplotlib.figure import Figure
-
-    from ..lm.knnlm import temperature_label
-
     fig = Figure(figsize=(10, 3.8))
     ax1, ax2 = fig.subplots(1, 2)
     pts = list(run.points)

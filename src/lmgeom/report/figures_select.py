@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from .plots import save_figure
 
@@ -12,8 +13,6 @@ from .plots import save_figure
 def plot_select(run, out_dir, stem: str = "select") -> list:
     """G (x) against measured bits per byte (y), one panel per variant; no panel without
     perplexities."""
-    from matplotlib.figure import Figure
-
     bpb = run.bits_per_byte
     variants = run.variants
     if not np.isfinite(bpb).any():

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from matplotlib import cm, colormaps, colors, rc_context
+from matplotlib.figure import Figure
 
 from ..results.table import step_of
 from .html import write_report
-from .plots import PLOT_STYLE, literal_text, save_figure, setting_label
+from .plots import PALETTE, PLOT_STYLE, literal_text, metric_label, save_figure, setting_label
 
 
 def last_revisions(df: pd.DataFrame) -> dict[str, str]:
@@ -59,9 +61,6 @@ def plot_profiles(df: pd.DataFrame, out_dir: str | Path, *, ccrs: Sequence[int] 
                   stem: str = "profiles_by_step") -> list[Path]:
     """PGA z per layer for every checkpoint: one panel per model (columns) and CCR level
     (rows), one line per checkpoint coloured by training step (log colour scale)."""
-    from matplotlib import cm, colormaps, colors, rc_context
-    from matplotlib.figure import Figure
-
 
     z = df.loc[(df["metric"] == "pga_z") & (df["layer_index"] >= 0)
                & ~df["layer"].astype(str).str.contains(".", regex=False)]
@@ -109,18 +108,6 @@ def plot_trajectory(df: pd.DataFrame, out_dir: str | Path, *, ccrs: Sequence[int
     """Against training step, one line per model: tracked-layer z (per CCR level), validation
     loss, and the spectral metrics over the same layers — does z move where loss and spectra
     do not?"""
-    from matplotlib import rc_context
-    from matplotlib.figure import Figure
-
-    from ..report.plots import (
-        PALETTE,
-        PLOT_STYLE,
-        literal_text,
-        metric_label,
-        save_figure,
-        setting_label,
-    )
-
     ml = df.loc[df["layer_index"] < 0]
     panels: list[tuple[str, str, str]] = []
     for m in ccrs:

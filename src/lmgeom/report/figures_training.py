@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib import rc_context
+from matplotlib.figure import Figure
+
 from .plots import PLOT_STYLE, save_figure
 
 _ARM_COLOURS = {"none": "#7f7f7f", "push-away": "#d62728", "squeeze": "#1f77b4"}
@@ -13,9 +16,6 @@ def plot_curves(df, out_dir: Path) -> list[Path]:
     """Perplexity and dispersion (rows) per evaluation set (columns) over steps, one line per
     arm; with two training domains one more column shows their held-out cross-domain
     distance. Returns ``[png, svg]`` (``[]`` when there is nothing to draw)."""
-    from matplotlib import rc_context
-    from matplotlib.figure import Figure
-
     ev = df[df.metric.isin(["perplexity", "dispersion"]) & (df["eval"] != "train")]
     if ev.empty:
         return []

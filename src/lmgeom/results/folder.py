@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pandas as pd
+from filelock import FileLock, Timeout
 
 from .._io import (
+    atomic_path,
     check_replaceable,
     remove_tmp_leftovers,
     remove_written,
@@ -34,9 +36,10 @@ from .._io import (
 )
 from .._paths import check_output_location
 from ..errors import CacheError
+from .manifest import base_manifest, now
+from .table import write_table
 
 log = logging.getLogger(__name__)
-from .manifest import base_manifest, now
 
 
 def run_signature(settings: dict[str, Any]) -> str:
@@ -124,8 +127,6 @@ def acquire_output_lock(path: str | Path, *, option: str = "--out") -> str:
     """Lock the output ``path`` against a second lmgeom process (re-entrant in one process);
     raises :class:`CacheError` when another run holds it. Returns the key for
     :func:`release_output_lock`."""
-    from filelock import FileLock, Timeout
-
     lock_path = lock_path_of(path)
     key = str(lock_path)
     with _held_guard:
@@ -315,14 +316,10 @@ class RunFolder:
 
     def write_table(self, df: pd.DataFrame, stem: str) -> list[Path]:
         """Atomically write ``stem.parquet`` and ``stem.csv``."""
-        from .table import write_table
-
         return write_table(df, self.path, stem)
 
     def write_parquet(self, df: pd.DataFrame, stem: str) -> Path:
         """Atomically write ``stem.parquet`` (per-item tables: no CSV copy)."""
-        from .._io import atomic_path
-
         path = self.path / f"{stem}.parquet"
         with atomic_path(path) as tmp:
             df.to_parquet(tmp, index=False)

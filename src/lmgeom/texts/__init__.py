@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from .._io import sha256_file
 from ..errors import TextsError
 from .builtin import (
     BUILTIN_NAMES,
@@ -146,7 +147,6 @@ def source_fingerprint(spec: str | os.PathLike[str]) -> str | None:
     try:
         if not p.is_file():
             return None
-        from .._io import sha256_file
 
         return sha256_file(p)
     except OSError:

