@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -190,6 +191,27 @@ def test_resume_after_interruption_is_bit_identical(tmp_path, micro_suite, micro
     before = (part / "32" / "step12" / "model.safetensors").stat().st_mtime_ns
     train_suite(part, micro_config, progress=False)
     assert (part / "32" / "step12" / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_make_hooks_see_every_step_of_every_width(tmp_path, micro_config):
+    """train_suite's make_hooks: one hook set per width, called after each optimiser step
+    (the weights already updated), with the width's own model and folder."""
+    seen = []
+
+    class Monitor:
+        def __init__(self, width, model, folder):
+            self.width, self.model, self.folder = width, model, folder
+            self.last = [p.detach().clone() for p in model.parameters()]
+
+        def step(self, step):
+            now = [p.detach().clone() for p in self.model.parameters()]
+            moved = any(not torch.equal(a, b) for a, b in zip(self.last, now))
+            self.last = now
+            seen.append((self.width, step, self.folder.name, moved))
+
+    cfg = dataclasses.replace(micro_config, widths=(16, 32), tokens=4 * 64)
+    train_suite(tmp_path / "s", cfg, progress=False, make_hooks=lambda *a: [Monitor(*a)])
+    assert seen == [(w, s, str(w), True) for w in (16, 32) for s in (1, 2, 3, 4)]
 
 
 def test_identical_checkpoint_weights_warn(tmp_path, micro_suite, caplog):
