@@ -40,8 +40,11 @@ from typing import Any
 import numpy as np
 
 from .._io import atomic_path
+from ..activations.core import encode_texts
+from ..activations.forward import length_batches, run_batches
 from ..errors import ConfigError, LmgeomError
 from ..results import table
+from ..texts import TextSet, load_texts
 from .state import preserved
 
 log = logging.getLogger(__name__)
@@ -106,8 +109,6 @@ def default_layers(adapter) -> tuple[str, ...]:
 def probe_texts_from(probe_texts: Any, n_texts: int, seed: int) -> list[str]:
     """The probe texts: ``None`` → ``n_texts`` of ``builtin:domains``; a ``load_texts`` spec
     string; a TextSet; or a sequence of strings."""
-    from ..texts import TextSet, load_texts
-
     if probe_texts is None:
         probe_texts = DEFAULT_PROBE
     if isinstance(probe_texts, str):
@@ -153,9 +154,6 @@ class GeometryMonitor:
                  n_pairs: int | None = 4096, n_null: int = 20, ccr: int = 1, seed: int = 0,
                  n_texts: int = DEFAULT_N_TEXTS, max_length: int = 64, batch_size: int = 32,
                  name: str | None = None) -> None:
-        from ..activations.core import encode_texts
-        from ..activations.forward import length_batches
-
         if int(every) < 1:
             raise ConfigError(f"every must be >= 1 step, got {every}")
         self.every = int(every)
@@ -190,8 +188,6 @@ class GeometryMonitor:
     def states(self) -> dict[str, np.ndarray]:
         """One forward of the probe set: ``layer -> (N, d)`` float32 last-token states, in probe
         order. Runs in eval mode without gradients; restores modes and generators."""
-        from ..activations.forward import run_batches
-
         def last_token(label, h, batch):
             import torch
 

@@ -44,6 +44,7 @@ or with a Hugging Face ``Trainer``: ``DispersionTrainer(model=..., args=..., aux
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,7 +53,9 @@ from typing import Any, Self
 import numpy as np
 import torch
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, ModelError
+from ..models.adapter import LanguageModel
+from ..models.registry import spec_for
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +80,6 @@ DEFAULT_LAYER = "final"
 
 
 def _metrics():
-    import importlib
-
     return importlib.import_module("lmgeom.metrics.dispersion")
 
 
@@ -347,8 +348,6 @@ class AuxOutput:
 
 def _unwrap(model: Any) -> Any:
     """The ``transformers`` model inside a LanguageModel / PeftModel / DDP wrapper."""
-    from ..models import LanguageModel
-
     if isinstance(model, LanguageModel):
         return model.hf_model
     m = model
@@ -366,9 +365,6 @@ def points_adapter(model: Any):
     """A :class:`~lmgeom.models.LanguageModel` view of ``model`` for its hooks (no copy, no
     ``eval()``): works for a LanguageModel, a ``transformers`` causal LM, a PeftModel or a DDP
     wrapper. Cached on the model object."""
-    from ..models import LanguageModel
-    from ..models.registry import spec_for
-
     if isinstance(model, LanguageModel):
         return model
     hf = _unwrap(model)
@@ -378,8 +374,6 @@ def points_adapter(model: Any):
     prefix = getattr(hf, "base_model_prefix", None)
     base = getattr(hf, prefix, None) if prefix else None
     if base is None or not hasattr(hf, "config"):
-        from ..errors import ModelError
-
         raise ModelError(f"{type(hf).__name__} is not a transformers causal LM lmgeom can hook "
                          "(no base model / config)")
     arch = spec_for(hf.config.model_type, base)
@@ -446,8 +440,6 @@ def forward_with_aux(
     Returns:
         :class:`AuxOutput` with ``total = lm_loss + lam · aux``.
     """
-    from ..models import LanguageModel
-
     if "input_ids" not in batch:
         raise ConfigError("batch needs 'input_ids' (and usually 'attention_mask')")
     input_ids = batch["input_ids"]

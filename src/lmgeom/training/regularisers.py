@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..metrics.dispersion import dispersion
 from .losses import DispersionLoss, MeasureOnlyLoss, PushAwayLoss, SqueezeLoss
 
 
@@ -82,8 +83,6 @@ class SetRegulariser(DispersionLoss):
     @staticmethod
     def dispersion_of(H: torch.Tensor) -> torch.Tensor:
         """``d`` of the states ``H`` (detached), as :func:`lmgeom.metrics.dispersion`."""
-        from ..metrics.dispersion import dispersion
-
         return dispersion(H.detach(), check=False)
 
     @staticmethod
