@@ -209,3 +209,14 @@ def test_statements_cover_every_claim_and_variant():
     assert "inside a segment" in cd.statement("D1.token")
     assert "across segments" in cd.statement("D2.segment")
     assert cd.statement("D3.lora").endswith("(lora)")
+
+
+@pytest.mark.parametrize("bad", [["P1"], ["D9"]])
+def test_only_names_dispersion_claims(bad):
+    from lmgeom.errors import ConfigError
+    from lmgeom.experiments.claims_dispersion import selected
+
+    with pytest.raises(ConfigError, match="D1..D8"):
+        selected(bad)
+    assert selected(["d3", "D1.token"]) == ("D1", "D3")
+    assert selected(None)[0] == "D1" and len(selected(None)) == 8

@@ -1,0 +1,94 @@
+"""Claims D1-D8 end to end on the bundled smollm2-135m with tiny sizes (e2e): every row is
+there with a valid verdict, the measurements agree with the experiments they reuse, and a
+rerun resumes from the work folder."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from lmgeom.metrics.claims import NOT_TESTABLE, VERDICTS, ModelInfo
+
+SPEC = "smollm2-135m"
+INFO = ModelInfo(SPEC, 576, "llama", "instruct", 30)
+
+
+def _settings(**kw):
+    from lmgeom.experiments.claims_dispersion import DispersionClaimsSettings
+
+    return DispersionClaimsSettings.for_n(
+        16, 0, n_boot=100, n_boot_depth=100, hardness_n=8, select_eval=2,
+        select_eval_chars=300, knn_train_tokens=512, knn_eval_tokens=128,
+        knn_select_tokens=128, knn_chunk_len=32, knn_k=16, finetune_steps=2,
+        finetune_eval_chunks=4, finetune_n_texts=12, finetune_seq_len=32, **kw)
+
+
+def _run(tmp_path, only):
+    from lmgeom.experiments.claims_dispersion import measure_dispersion_claims
+
+    return measure_dispersion_claims([SPEC], [INFO], n=16, seed=0, device="cpu", dtype=None,
+                                     work_dir=tmp_path / "work", progress=False, only=only,
+                                     settings=_settings())
+
+
+def test_measured_claims_on_smollm2_rows_agreement_and_resume(tmp_path, smollm):
+    from lmgeom.experiments.claims_dispersion import DispersionClaimsSettings, measure_segments
+    from lmgeom.experiments.dispersion import measure_chunks
+
+    only = ["D1", "D2", "D4", "D5", "D6", "D7"]
+    out = _run(tmp_path, only)
+    ids = [v.claim for v in out]
+    assert ids == ["D1", "D1.segment", "D1.token", "D2", "D2.segment", "D2.token", "D4", "D5",
+                   "D6", "D6.code", "D6.math", "D7", "D7.dispersion", "D7.knn"]
+    by = {v.claim: v for v in out}
+    json.dumps([v.details for v in out])  # the details go into the manifest
+    for v in out:
+        assert v.verdict in VERDICTS
+        row = v.row()
+        assert row["claim"] == v.claim and row["statement"]
+        if v.verdict != NOT_TESTABLE:
+            assert SPEC in row["models"] and row["widths"] == "576"
+            assert v.details["seconds"], v.claim
+    # the headline rests on the token variant and says what the segment variant found
+    head = by["D1"]
+    assert head.details["variant"] == "token"
+    assert head.verdict == by["D1.token"].verdict and head.estimate == by["D1.token"].estimate
+    assert f"segment variant is {by['D1.segment'].verdict}" in head.reason
+    assert by["D4"].verdict == NOT_TESTABLE and "--suite" in by["D4"].reason
+    assert by["D6"].verdict == "inconclusive" and "at least 3" in by["D6.code"].reason
+    assert math.isfinite(by["D7.knn"].estimate) and math.isfinite(by["D7.dispersion"].estimate)
+    assert by["D7"].verdict in VERDICTS and "D7.knn" in by["D7"].reason
+
+    # the token dispersions and perplexities are those of `lmgeom dispersion` on the same chunks
+    s = _settings()
+    m = measure_segments(smollm, s, tmp_path / "work", False)
+    ref = measure_chunks(smollm, "builtin:wiki", chunk_len=s.chunk_len, layers="final",
+                         max_chunks=s.n, seed=s.seed, cache=False)
+    fi = list(m["points"]).index("final")
+    np.testing.assert_allclose(m["token"][fi], ref.dispersion[0], rtol=1e-5)
+    np.testing.assert_allclose(m["perplexity"], ref.perplexity, rtol=1e-5)
+    assert m["members"].shape == (len(m["group_perplexity"]), s.group_size)
+    assert DispersionClaimsSettings.for_n(0).n == 256
+
+    # a rerun reads every measurement back from the work folder: same numbers
+    cached = sorted(p.name for p in (tmp_path / "work").glob("*.npz"))
+    assert any(n.startswith("segments-") for n in cached) and any(
+        n.startswith("knn-") for n in cached)
+    again = _run(tmp_path, only)
+    assert [(v.claim, v.verdict) for v in again] == [(v.claim, v.verdict) for v in out]
+    for a, b in zip(again, out):
+        assert a.estimate == b.estimate or (math.isnan(a.estimate) and math.isnan(b.estimate))
+
+
+def test_finetune_claims_on_smollm2_row_shape(tmp_path):
+    out = _run(tmp_path, ["D3", "D8"])
+    assert [v.claim for v in out] == ["D3", "D3.full", "D3.lora", "D8", "D8.full", "D8.lora"]
+    for v in out:
+        assert v.verdict in VERDICTS and v.verdict != NOT_TESTABLE
+        assert v.models == (INFO,)
+    by = {v.claim: v for v in out}
+    assert by["D3.lora"].details["paired"] is True  # per-chunk before/after from the run
+    assert by["D8.lora"].direction == "<" and by["D3.lora"].direction == ">"
+    assert "smallest model (smollm2-135m)" in by["D3"].reason
