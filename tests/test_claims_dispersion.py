@@ -220,3 +220,21 @@ def test_only_names_dispersion_claims(bad):
         selected(bad)
     assert selected(["d3", "D1.token"]) == ("D1", "D3")
     assert selected(None)[0] == "D1" and len(selected(None)) == 8
+
+
+def test_dispersion_from_unit_sums_matches_token_dispersion():
+    import torch
+
+    from lmgeom.experiments.knnlm import unit_sum
+    from lmgeom.metrics.dispersion import token_dispersion
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(5, 12, 16, generator=g) + 0.3
+    mask = torch.ones(5, 12, dtype=torch.bool)
+    mask[1, 7:] = False
+    mask[3, 1:] = False  # one token: undefined
+    sums = np.asarray(unit_sum(h, mask), dtype=np.float32)  # what forward_chunks keeps
+    got = cd.dispersion_from_unit_sums(sums)
+    ref = token_dispersion(h, mask)
+    assert np.isnan(got[3]) and np.isnan(ref[3])
+    np.testing.assert_allclose(got[[0, 1, 2, 4]], ref[[0, 1, 2, 4]], atol=2e-6)

@@ -191,6 +191,21 @@ def _unit(V: Any) -> np.ndarray:
     return A / norms
 
 
+def dispersion_from_unit_sums(unit_sums: Any) -> np.ndarray:
+    """Per row of ``[Σ_t u_t, n]`` (the summed unit token states of a segment and their count,
+    :func:`lmgeom.experiments.knnlm.unit_sum`'s output): the token-level dispersion
+    ``n / (n - 1) · (1 - ‖s / n‖²)``, ``(N,)``; NaN for a row with fewer than 2 tokens."""
+    a = np.asarray(unit_sums, dtype=np.float64)
+    if a.ndim != 2 or a.shape[1] < 2:
+        raise data_error(f"unit sums must be (N, d + 1); got shape {a.shape}")
+    s, n = a[:, :-1], np.rint(a[:, -1])
+    out = np.full(len(a), np.nan)
+    ok = n >= 2
+    u = s[ok] / n[ok, None]
+    out[ok] = n[ok] / (n[ok] - 1) * (1.0 - np.einsum("ij,ij->i", u, u))
+    return out
+
+
 def segment_distance_per_chunk(V: Any) -> np.ndarray:
     """``(n,)``: each segment vector's mean cosine distance to the other ``n - 1``
     (``1 - (u_i · s - 1) / (n - 1)``, ``s = Σ u``); their mean is ``dispersion(V)``."""
@@ -392,8 +407,24 @@ def ranking_verdict(claim: str, score: Any, quality: Any, *, models: Sequence[Mo
 
 
 __all__ = [
-    "ALPHA", "HEADLINE_VARIANT", "STATEMENTS", "combine", "conjunction", "correlation_verdict",
-    "depth_contrast", "depth_verdict", "exact_rank_test", "group_dispersions", "group_members",
-    "hardness_verdict", "interval_verdict", "paired_difference", "ranking_verdict",
-    "ratio_difference", "segment_distance_per_chunk", "spearman_rows", "statement",
+    "ALPHA",
+    "HEADLINE_VARIANT",
+    "STATEMENTS",
+    "combine",
+    "conjunction",
+    "correlation_verdict",
+    "depth_contrast",
+    "depth_verdict",
+    "dispersion_from_unit_sums",
+    "exact_rank_test",
+    "group_dispersions",
+    "group_members",
+    "hardness_verdict",
+    "interval_verdict",
+    "paired_difference",
+    "ranking_verdict",
+    "ratio_difference",
+    "segment_distance_per_chunk",
+    "spearman_rows",
+    "statement",
 ]
