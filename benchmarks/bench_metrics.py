@@ -129,6 +129,8 @@ def _datasets(profile: str, tmp: Path) -> list[tuple[np.ndarray, np.ndarray, str
 
 
 def run(profile: str = "quick") -> list[dict]:
+    """``quick``: the real states (synthetic without the model); ``full``: both; ``small``:
+    the first 8 layers, without the old revision (for a before/after check of a change)."""
     rows: list[dict] = []
     names = {"old": f"old ({OLD_REV}): subspace_pga per level",
              "new": "new: subspace_pga_levels (float64)",
@@ -136,15 +138,19 @@ def run(profile: str = "quick") -> list[dict]:
              "new-fp32": 'new: subspace_pga_levels (precision="float32")'}
     with tempfile.TemporaryDirectory(prefix="lmgeom-bench-metrics-") as tmp_s:
         tmp = Path(tmp_s)
-        tree = _old_tree(tmp)
+        small = profile == "small"
+        tree = None if small else _old_tree(tmp)
         try:
             for i, (S, V, what) in enumerate(_datasets(profile, tmp)):
+                if small:
+                    S, what = S[:8], f"{what}, first 8 layers"
                 data = tmp / f"states{i}.npz"
                 np.savez(data, states=S, basis=V)
                 res = {}
                 before = os.environ.get("LMGEOM_BENCH_BEFORE")
-                modes = [("old", tree / "src"), ("new", ROOT / "src"),
-                         ("new-fp32", ROOT / "src")]
+                modes = [("new", ROOT / "src"), ("new-fp32", ROOT / "src")]
+                if tree is not None:
+                    modes.insert(0, ("old", tree / "src"))
                 if before:
                     modes[1:1] = [("before", Path(before)), ("new", ROOT / "src"),
                                   ("before", Path(before))]
@@ -157,8 +163,7 @@ def run(profile: str = "quick") -> list[dict]:
                         np.testing.assert_array_equal(got["z"], res[mode]["z"])
                         got = min(got, res[mode], key=lambda r: r["wall"])
                     res[mode] = got
-                old = res["old"]
-                zo = np.asarray(old["z"])[:, :, 0]
+                old = res.get("old")
                 for mode, r in res.items():
                     z = np.asarray(r["z"])[:, :, 0]
                     extra = {}
@@ -173,14 +178,17 @@ def run(profile: str = "quick") -> list[dict]:
                     rows.append({
                         "bench": "metrics", "states": what, "name": names[mode],
                         "seconds": r["wall"], "cpu_seconds": r["cpu"],
-                        "ratio": old["wall"] / r["wall"], "cpu_ratio": old["cpu"] / r["cpu"],
-                        "max_abs_dz_vs_old": float(np.max(np.abs(z - zo))), **extra,
+                        **({} if old is None else {
+                            "ratio": old["wall"] / r["wall"], "cpu_ratio": old["cpu"] / r["cpu"],
+                            "max_abs_dz_vs_old": float(np.max(np.abs(
+                                z - np.asarray(old["z"])[:, :, 0])))}), **extra,
                         "notes": f"{S.shape[0]} layers x CCR {','.join(map(str, LEVELS))} x "
                                  f"{N_NULL} nulls, exact pairs; load avg before {r['load']:.2f}",
                     })
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                           capture_output=True, check=False)
+            if tree is not None:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                str(tree)], capture_output=True, check=False)
     return rows
 
 
