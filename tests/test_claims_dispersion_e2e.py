@@ -22,7 +22,8 @@ def _settings(**kw):
         16, 0, n_boot=100, n_boot_depth=100, hardness_n=8, select_eval=2,
         select_eval_chars=300, knn_train_tokens=512, knn_eval_tokens=128,
         knn_select_tokens=128, knn_chunk_len=32, knn_k=16, finetune_steps=2,
-        finetune_eval_chunks=4, finetune_n_texts=12, finetune_seq_len=32, **kw)
+        finetune_eval_chunks=4, finetune_n_texts=12, finetune_seq_len=32, corpus_limit=12,
+        **kw)
 
 
 def _run(tmp_path, only):
@@ -64,7 +65,10 @@ def test_measured_claims_on_smollm2_rows_agreement_and_resume(tmp_path, smollm):
     # the token dispersions and perplexities are those of `lmgeom dispersion` on the same chunks
     s = _settings()
     m = measure_segments(smollm, s, tmp_path / "work", False)
-    ref = measure_chunks(smollm, "builtin:wiki", chunk_len=s.chunk_len, layers="final",
+    from lmgeom.texts import load_texts
+
+    wiki = load_texts("builtin:wiki", limit=s.corpus_limit, seed=s.seed)
+    ref = measure_chunks(smollm, wiki, chunk_len=s.chunk_len, layers="final",
                          max_chunks=s.n, seed=s.seed, cache=False)
     fi = list(m["points"]).index("final")
     np.testing.assert_allclose(m["token"][fi], ref.dispersion[0], atol=1e-5)

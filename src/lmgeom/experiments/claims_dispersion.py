@@ -61,6 +61,8 @@ class DispersionClaimsSettings:
         n: the run's ``--n``: segments for D1/D2 (the others scale with it, :meth:`for_n`).
         seed: seed of every sample and bootstrap.
         corpus: texts of D1/D2 (Wikipedia, as in the paper).
+        corpus_limit: load a seeded sample of this many texts of ``corpus`` and ``knn_texts``
+            (None: all; the segments are a seeded sample of their chunks either way).
         chunk_len: tokens per segment (D1/D2).
         group_size, max_groups: the perplexity groups (D1/D2, grouped level).
         n_boot: bootstrap replicates of the intervals; ``n_boot_depth`` those of D2.
@@ -77,6 +79,7 @@ class DispersionClaimsSettings:
     n: int = 256
     seed: int = 0
     corpus: str = "builtin:wiki"
+    corpus_limit: int | None = None
     chunk_len: int = 32
     group_size: int = 8
     max_groups: int = 100
@@ -215,7 +218,7 @@ def measure_segments(model, s: DispersionClaimsSettings, work: Path,
     from ..texts.chunks import make_chunks
     from .knnlm import unit_sum
 
-    ts = load_texts(s.corpus, seed=s.seed)
+    ts = load_texts(s.corpus, limit=s.corpus_limit, seed=s.seed)
     points = segment_points(model)
     key = content_key(model, ts.hash, points, s.chunk_len, s.n, s.seed, s.group_size,
                       s.max_groups)

@@ -170,7 +170,7 @@ def knn_parts(model, info: ModelInfo, s: DispersionClaimsSettings, work: Path,
     from ..texts import load_texts
     from .knnlm import config_dict
 
-    ts = load_texts(s.knn_texts, seed=s.seed)
+    ts = load_texts(s.knn_texts, limit=s.corpus_limit, seed=s.seed)
     cfg = knn_config(s)
     key = content_key(model, ts.hash, config_dict(cfg))
     a = cached_arrays(work, f"knn-{model.name}", key, lambda: _measure_knn(model, ts, cfg,
