@@ -114,13 +114,14 @@ class DispersionClaimsSettings:
     @classmethod
     def for_n(cls, n: int, seed: int = 0, **override: Any) -> DispersionClaimsSettings:
         """Defaults scaled to ``n`` (``n <= 0``: the default 256): ``n`` segments (D1/D2),
-        ``n / 2`` texts (D5), ``16 n`` datastore tokens (D7), ``n / 8`` held-out chunks
-        (D3/D8)."""
+        ``n / 2`` texts (D5), ``16 n`` datastore tokens (D7), ``n / 12`` fine-tuning steps (at
+        most 20) and ``n / 8`` held-out chunks (D3/D8)."""
         n = int(n) if n and n > 0 else 256
         scaled = {"n": n, "seed": int(seed), "hardness_n": max(8, n // 2),
                   "select_eval": max(4, min(16, n // 32)),
                   "knn_train_tokens": max(1024, 16 * n), "cluster_max": max(16, min(500, n)),
                   "finetune_eval_chunks": max(8, min(64, n // 8)),
+                  "finetune_steps": max(2, min(20, n // 12)),
                   "group_size": 8 if n >= 48 else max(2, n // 6)}
         return cls(**{**scaled, **override})
 
