@@ -12,7 +12,7 @@ Procedure, for one model:
    ``max_train_tokens // chunk_len`` resp. ``max_eval_tokens // chunk_len`` chunks).
 3. **Dispersion of each candidate point** (the label-free part; with ``select``): a seeded
    sample of training chunks holding about ``select_tokens`` token positions is run once
-   (:func:`lmgeom.lm.perplexity.forward_chunks`, no logits). Per point two figures:
+   (:func:`lmgeom.lm.scoring.forward_chunks`, no logits). Per point two figures:
    ``knnlm_dispersion`` = ``D`` of all sampled token states pooled (``n ≈ select_tokens``;
    the ranking uses this one) and ``knnlm_dispersion_chunk`` = the mean over chunks of the
    token-level ``D`` of each chunk's states (the paper's released code). A prepended BOS is
@@ -22,7 +22,7 @@ Procedure, for one model:
    candidate, or the ``top`` N by dispersion — from one forward pass over the training chunks.
 5. **Queries** of every evaluated point and ``log p_LM(target)`` from one forward pass over the
    eval chunks; the base perplexity is also computed by
-   :func:`lmgeom.lm.perplexity.forward_chunks` (the shared perplexity) and checked against the
+   :func:`lmgeom.lm.scoring.forward_chunks` (the shared perplexity) and checked against the
    λ = 0 value.
 6. **Retrieval** once per point (k neighbours), then the interpolated perplexity for every
    λ of the sweep (``lambdas`` ∪ {``lam``}).
@@ -63,14 +63,20 @@ from ..lm.knnlm import (
     position_states,
     temperature_label,
 )
-from ..lm.perplexity import forward_chunks, model_context
-from ..metrics.dispersion import token_dispersion
+from ..lm.scoring import forward_chunks, model_context
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
 from ..results.console import format_table
 from ..texts import as_textset
 from ..texts.chunks import make_chunks
 from .base import register
+from .knnlm_dispersion import (  # noqa: F401 - unit_sum, pooled_dispersion are re-exported
+    DEFAULT_SELECT_TOKENS,
+    PointDispersion,
+    measure_point_dispersion,
+    pooled_dispersion,
+    unit_sum,
+)
 from .options import ModelOptions, TextOptions
 
 log = logging.getLogger(__name__)
@@ -82,7 +88,6 @@ DEFAULT_TRAIN_TEXTS = "builtin:wiki"
 DEFAULT_CHUNK_LEN = 512
 DEFAULT_MAX_TRAIN_TOKENS = 100_000
 DEFAULT_MAX_EVAL_TOKENS = 4096
-DEFAULT_SELECT_TOKENS = 5000
 DEFAULT_EVAL_FRACTION = 0.1
 
 
@@ -178,62 +183,6 @@ def split_corpus(train, eval_=None, *, fraction: float = DEFAULT_EVAL_FRACTION, 
     n_eval = int(min(len(tr) - 1, max(1, round(fraction * len(tr)))))
     ev_idx, tr_idx = np.sort(perm[:n_eval]), np.sort(perm[n_eval:])
     return tr.subset(tr_idx), tr.subset(ev_idx), f"held-out {n_eval} of {len(tr)} texts (seed {seed})"
-
-
-# ---------------------------------------------------------------------- dispersion
-def unit_sum(h, mask):
-    """Reducer: per row, ``[Σ_t h_t / ‖h_t‖, n]`` over masked positions, ``(B, d + 1)``
-    float64 (pooled dispersion over many rows follows from the summed unit vectors)."""
-    import torch
-
-    x = h.double()
-    u = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-300)
-    m = mask.to(torch.float64)
-    s = (u * m[..., None]).sum(1)
-    return torch.cat([s, m.sum(1, keepdim=True)], dim=1).cpu().numpy()
-
-
-def pooled_dispersion(unit_sums: np.ndarray) -> tuple[float, int]:
-    """``D`` of all token states behind rows of :func:`unit_sum` output: with ``s = Σ u`` over
-    all n states, ``D = n / (n - 1) · (1 - ‖s / n‖²)``."""
-    a = np.asarray(unit_sums, dtype=np.float64)
-    s = a[:, :-1].sum(0)
-    n = int(np.rint(a[:, -1].sum()))
-    if n < 2:
-        return math.nan, n
-    u = s / n
-    return float(n / (n - 1) * (1.0 - u @ u)), n
-
-
-@dataclass(frozen=True)
-class PointDispersion:
-    point: str
-    pooled: float
-    chunk_mean: float
-    n_tokens: int
-    n_chunks: int
-
-
-def measure_point_dispersion(model, chunks, points, *, n_tokens: int = DEFAULT_SELECT_TOKENS,
-                             seed: int = 0, batch_size: int = 4, cache: bool = True,
-                             progress: bool | None = None) -> dict[str, PointDispersion]:
-    """Dispersion of each point on a seeded sample of ``chunks`` holding about ``n_tokens``
-    positions (see the module docstring, step 3)."""
-    red_from = 1 if chunks.bos else 0
-    per_chunk = chunks.tokens.shape[1] - red_from
-    want = min(len(chunks), max(1, math.ceil(n_tokens / per_chunk)))
-    pick = np.sort(np.random.default_rng(seed).choice(len(chunks), size=want, replace=False))
-    res = forward_chunks(model, chunks.tokens[pick], tuple(points),
-                         {"unit_sum": unit_sum, "token_dispersion": token_dispersion},
-                         nll=False, reduce_from=red_from, batch_size=batch_size, cache=cache,
-                         progress=progress, desc=f"dispersion {model.name}")
-    out = {}
-    for p in points:
-        pooled, n = pooled_dispersion(res.reduced["unit_sum"][p])
-        td = res.reduced["token_dispersion"][p].astype(np.float64)
-        out[p] = PointDispersion(point=p, pooled=pooled, chunk_mean=float(np.nanmean(td)),
-                                 n_tokens=n, n_chunks=int(want))
-    return out
 
 
 # ---------------------------------------------------------------------- the run
