@@ -73,7 +73,7 @@ class DispersionClaimsSettings:
         knn_*: D7's corpus, chunk length, datastore / held-out / dispersion tokens and k.
         cluster_texts, cluster_max: D4's corpus and most clusters.
         finetune_*: D3/D8's target corpus, steps, batch, λ of the push-away arm, held-out
-            chunks, chunk length and texts loaded.
+            chunks, chunk length, texts loaded and methods (``lora``, ``full``).
     """
 
     n: int = 256
@@ -110,6 +110,7 @@ class DispersionClaimsSettings:
     finetune_eval_chunks: int = 32
     finetune_seq_len: int = 64
     finetune_n_texts: int = 60
+    finetune_methods: tuple[str, ...] = ("lora", "full")
 
     @classmethod
     def for_n(cls, n: int, seed: int = 0, **override: Any) -> DispersionClaimsSettings:

@@ -149,7 +149,7 @@ def finetune_verdicts(models: Sequence[str], infos: Sequence[ModelInfo],
     spec, info = smallest(models, infos)
     target = f"heldout:{s.finetune_texts}"
     parts: dict[str, list[ClaimVerdict]] = {"D3": [], "D8": []}
-    for method in METHODS:
+    for method in s.finetune_methods:
         cfg = finetune_config(spec, method, s, device=device)
         out = Path(work) / f"finetune-{method}-{_key(spec, cfg)}"
         log.info("D3/D8: %s fine-tuning of %s in %s", method, spec, out)
@@ -160,14 +160,14 @@ def finetune_verdicts(models: Sequence[str], infos: Sequence[ModelInfo],
     for claim in ("D3", "D8"):
         if claim in want:
             note = f"the smallest model ({info.name}) on {s.finetune_texts}"
-            out_rows += [rules.combine(claim, parts[claim], over="methods (LoRA, full)",
+            out_rows += [rules.combine(claim, parts[claim], over="methods",
                                        note=note), *parts[claim]]
     return out_rows
 
 
 def describe(s: DispersionClaimsSettings) -> dict[str, Any]:
     return {"texts": s.finetune_texts, "steps": s.finetune_steps, "lambda": s.finetune_lam,
-            "methods": list(METHODS)}
+            "methods": list(s.finetune_methods)}
 
 
 __all__ = ["METHODS", "d3_part", "d8_part", "finetune_verdicts", "run_finetune", "smallest"]
