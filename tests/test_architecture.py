@@ -255,6 +255,7 @@ KNOWN_ELSEWHERE = frozenset({
     "experiments/finetune.py: lmgeom.report.html",
     "models/bundled.py: lmgeom._io",
     "report/claims.py: lmgeom.results.console", "report/claims.py: matplotlib.figure",
+    "training/geometry.py: lmgeom.monitor.core",
     "training/suite_config.py: lmgeom.texts",
     "training/tokenizer.py: tokenizers",
 })
