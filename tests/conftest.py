@@ -149,6 +149,7 @@ def smollm():
 #: forward pass per architecture in every test
 E2E_MODULES = {
     "test_real_model": "loads the bundled smollm2-135m",
+    "test_claims_e2e": "runs lmgeom claims on the bundled models",
     "test_claims_dispersion_e2e": "runs the dispersion claims D1-D8 on smollm2-135m",
     "test_bundled_qwen": "loads the bundled qwen2.5-coder-0.5b (first load converts it, ~60 s)",
     "test_ray": "starts a local Ray instance",

@@ -225,13 +225,13 @@ class ClaimsResult:
 
 
 def _plain(x: Any) -> Any:
-    """JSON-safe copy of a details dict (numpy numbers → float, tuples → lists)."""
+    """JSON-safe copy of a details dict (numpy numbers and arrays → Python, tuples → lists)."""
     if isinstance(x, dict):
         return {str(k): _plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_plain(v) for v in x]
-    if hasattr(x, "item"):
-        return x.item()
+    if hasattr(x, "tolist"):  # numpy scalars and arrays
+        return x.tolist()
     return x
 
 

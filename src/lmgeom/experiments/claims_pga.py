@@ -69,21 +69,58 @@ def measure_pga(models: Sequence[str], *, texts: TextOptions,
         out.timings["layer_sweep_s"] = time.perf_counter() - t
         out.timings.update({f"sweep.{k}": v for k, v in res.timings.items()})
     if wanted("P7", only) and len(models) >= 2:
-        from .convergence import ConvergeConfig, ConvergeExperiment
-
         t = time.perf_counter()
-        conv = ConvergeExperiment(
-            models=tuple(models), texts=texts, model=model, layers=layers.layers,
-            pooling=layers.pooling, max_length=layers.max_length, batch_size=layers.batch_size,
-            config=ConvergeConfig(k=layers.k, n_null=converge_null or layers.n_null,
-                                  seed=layers.seed, heatmap=False))
-        out.converge = conv.run(work_dir=work / "converge", progress=progress).frame
+        out.converge = _converge(models, texts, model, layers, converge_null, progress)
         out.timings["converge_s"] = time.perf_counter() - t
     if wanted("P6", only) and suite is not None:
         t = time.perf_counter()
         out.suite, out.suite_infos = _suite_sweep(suite, texts, layers, work / "suite", progress)
         out.timings["suite_sweep_s"] = time.perf_counter() - t
     return out
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What :func:`~lmgeom.experiments.convergence.converge_pair` needs of a model once its
+    states are extracted (so no two models are held in memory at once)."""
+
+    name: str
+    n_blocks: int
+    index: dict[str, int]
+
+    def point_index(self, label: str) -> int:
+        return self.index[label]
+
+
+def _converge(models: Sequence[str], texts: TextOptions, options: ModelOptions,
+              layers: LayerSweepConfig, n_null: int | None, progress: bool | None
+              ) -> pd.DataFrame:
+    """The ``converge`` rows of every model pair (:func:`~.convergence.converge_pair`, matched
+    layers by relative depth, no heatmap); each model loaded once, its extraction a hit in
+    the activation cache the layer sweep filled."""
+    import itertools
+
+    from ..activations import extract
+    from ..results import table
+    from .convergence import ConvergeConfig, converge_pair
+    from .layer_sweep import model_basis
+
+    ts = texts.load()
+    loaded = []
+    for spec in models:
+        m = options.load(spec)
+        acts = extract(m, ts, layers=layers.layers, pooling=layers.pooling,
+                       max_length=layers.max_length, batch_size=layers.batch_size,
+                       seed=layers.seed, progress=progress)
+        shape = _Shape(m.name, m.n_blocks, {lab: m.point_index(lab) for lab in acts.layers})
+        loaded.append((shape, acts, model_basis(m, layers)))
+        del m
+    cfg = ConvergeConfig(k=layers.k, n_null=n_null or layers.n_null, ccr=1, seed=layers.seed,
+                         heatmap=False)
+    rows: list[dict[str, Any]] = []
+    for (ma, aa, ba), (mb, ab, bb) in itertools.combinations(loaded, 2):
+        rows += converge_pair(ma, aa, ba, mb, ab, bb, cfg, progress=progress)[0]
+    return table.frame(rows)
 
 
 def _suite_sweep(suite: str, texts: TextOptions, layers: LayerSweepConfig, work: Path,

@@ -215,18 +215,11 @@ def _claim(claim: str, calls: Sequence[Call], *, quantity: str, threshold: float
                             for c in calls})
 
 
-def _widest(infos: Sequence[ModelInfo]) -> str:
+def _widest(infos: Sequence[ModelInfo], what: str = "widest") -> str:
     if not infos:
         return "no model was measured"
-    w = max(infos, key=lambda m: m.d)
-    return f"the widest model here has d = {w.d} ({w.name})"
-
-
-def _narrowest(infos: Sequence[ModelInfo]) -> str:
-    if not infos:
-        return "no model was measured"
-    w = min(infos, key=lambda m: m.d)
-    return f"the narrowest model here has d = {w.d} ({w.name})"
+    w = (max if what == "widest" else min)(infos, key=lambda m: m.d)
+    return f"the {what} model here has d = {w.d} ({w.name})"
 
 
 def _zone(prof: pd.DataFrame):
@@ -296,7 +289,7 @@ def p2_narrow_collapse(df: pd.DataFrame, infos: Sequence[ModelInfo]) -> ClaimVer
     narrow = [m for m in infos if m.d <= NARROW_D]
     if not narrow:
         return not_testable("P2", STATEMENTS["P2"], f"needs d <= {NARROW_D}; "
-                            f"{_narrowest(infos)}", models=tuple(infos),
+                            f"{_widest(infos, 'narrowest')}", models=tuple(infos),
                             quantity="min CCR-1 z in the collapse zone")
     calls = [_p2_call(m, z_profile(df, m.name)) for m in narrow]
     return _claim("P2", calls, quantity="min CCR-1 z in the collapse zone", threshold=0.0,
