@@ -13,7 +13,8 @@
   over the same held-out chunks (:func:`lmgeom.lm.knnlm.position_states`) and is checked
   against ``run_knnlm``'s own perplexity at λ.
 * **D4** (:func:`cluster_verdict`): :mod:`lmgeom.experiments.clusters` on the earliest and the
-  latest checkpoint of each width of a trained suite: the size-weighted within-cluster
+  latest checkpoint of each width of a trained suite (the earliest after step 0 when there are
+  two such: random initialisation is not a stage of training): the size-weighted within-cluster
   dispersion at ``final``, latest minus earliest, paired bootstrap over clusters.
 """
 
@@ -227,6 +228,9 @@ def cluster_verdict(suite: str | None, s: DispersionClaimsSettings, work: Path,
     parts = []
     for width, cands in by_width.items():
         cands = sorted(cands, key=lambda c: c.step or 0)
+        trained = [c for c in cands if (c.step or 0) > 0]
+        if len(trained) >= 2:  # random init (step 0) is not a stage of training
+            cands = trained
         d = int("".join(ch for ch in width if ch.isdigit()) or 0)
         info = ModelInfo(name=f"{Path(suite).name}/{width}", d=d, family="gpt_neox",
                          tuned="base")
