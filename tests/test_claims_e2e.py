@@ -17,7 +17,7 @@ COLUMNS = [f for f in ClaimVerdict.__dataclass_fields__ if f != "details"] + ["w
                                                                               "families"]
 IDS = {f"P{i}" for i in range(1, 9)} | {f"D{i}" for i in range(1, 9)}
 #: small and fast: k below the rank of 40 texts, a small null
-QUICK = ["--n", "40", "--k", "16", "--n-null", "12", "--quiet"]
+QUICK = ["--n", "40", "--k", "16", "--n-null", "20", "--quiet"]
 
 
 def _run(tmp_path, models, extra=()):

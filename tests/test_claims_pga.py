@@ -232,3 +232,16 @@ def test_z_profile_reads_band_and_skips_points():
     prof = R.z_profile(table.frame(rows), "m")
     assert list(prof["z"]) == DETOUR and (prof["hi"] == 2.0).all()
     assert isinstance(prof, pd.DataFrame)
+
+
+def test_z_not_meaningful_is_no_evidence():
+    """A layer flagged k_rank (k >= the states' rank) neither supports nor contradicts."""
+    rows = profile_rows("mid", DIRECT, setting="ccr=5") + profile_rows("mid", DIRECT,
+                                                                       setting="ccr=10")
+    bad = profile_rows("mid", [-9.0] + DIRECT[1:], setting="ccr=10")
+    for r in bad:
+        if r["layer"] == "0":
+            r["flag"] = "k_rank"
+    df = table.frame(rows[: len(rows) // 2] + bad)
+    assert R.p4_ccr_restores(df, [MID]).verdict == SUPPORTED
+    assert "0" not in set(R.z_profile(df, "mid", "ccr=10")["layer"])

@@ -65,6 +65,8 @@ P8_KEEP = 0.9
 #: P8.wide: Spearman(probe accuracy, z) over layers above this = "follows z"
 P8_MIN_RHO = 0.5
 N_BOOT = 2000
+#: the flag code of a z that is not meaningful (:mod:`lmgeom.metrics.sample_size`)
+NOT_MEANINGFUL = "k_rank"
 
 STATEMENTS: dict[str, str] = {
     "P1": "models with d >= 2048 keep PGA z significantly positive through the intermediate layers",
@@ -166,9 +168,12 @@ def _plain(df: pd.DataFrame, model: str, metric: str, setting: str | None = None
 def z_profile(df: pd.DataFrame, model: str, setting: str = PRIMARY) -> pd.DataFrame:
     """One model's PGA z per layer with its null band: columns ``layer``, ``layer_index``,
     ``z``, ``lo``, ``hi`` (``lo`` / ``hi``: the null's 2.5 / 97.5 % points in z units;
-    ±1.96 where the table has no band), layer order."""
-    z = _plain(df, model, "pga_z", setting)[["layer", "layer_index", "value"]]
-    z = z.rename(columns={"value": "z"})
+    ±1.96 where the table has no band), layer order. Layers flagged ``k_rank`` (k at or above
+    the rank of the states, where z is not meaningful) are left out."""
+    z = _plain(df, model, "pga_z", setting)
+    if "flag" in z.columns:  # k >= the states' rank: z is not meaningful there (no evidence)
+        z = z[~z["flag"].astype(str).str.contains(NOT_MEANINGFUL, regex=False)]
+    z = z[["layer", "layer_index", "value"]].rename(columns={"value": "z"})
     for metric, col, default in (("null_z_low", "lo", -1.96), ("null_z_high", "hi", 1.96)):
         band = _plain(df, model, metric, setting)[["layer_index", "value"]]
         z = z.merge(band.rename(columns={"value": col}), on="layer_index", how="left")
