@@ -152,6 +152,7 @@ E2E_MODULES = {
     "test_claims_e2e": "runs lmgeom claims on the bundled models",
     "test_claims_dispersion_e2e": "runs the dispersion claims D1-D8 on smollm2-135m",
     "test_bundled_qwen": "loads the bundled qwen2.5-coder-0.5b (first load converts it, ~60 s)",
+    "test_train_geometry": "trains micro suites and a tiny fine-tune with the geometry monitor",
     "test_ray": "starts a local Ray instance",
     "test_ray_cluster": "starts a Ray cluster",
     "test_faults": "runs real lmgeom processes (Ctrl-C, full disks, races)",

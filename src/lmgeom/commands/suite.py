@@ -91,6 +91,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--overwrite", action="store_true",
                    help="replace a suite in --out that was trained with other settings")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
+    g.add_argument("--geometry-every", type=nonneg_int, default=0, metavar="STEPS",
+                   help="record the geometry trajectory (geometry.parquet: PGA z, dispersion, PC1 "
+                        "share, RankMe) also every STEPS steps; 0: at step 0 and every "
+                        "checkpoint step")
+    g.add_argument("--no-geometry", dest="geometry", action="store_false",
+                   help="do not record the geometry trajectory")
     t.set_defaults(_suite_run=_train)
 
     i = sub.add_parser("info", help="summarise a suite folder",
@@ -133,7 +139,8 @@ def _train(args) -> int:
     t = time.perf_counter()
     manifest = train_suite(args.out, config, overwrite=args.overwrite,
                            progress=progress_from_args(args),
-                           resume_every_s=args.resume_every, threads=args.threads or None)
+                           resume_every_s=args.resume_every, threads=args.threads or None,
+                           geometry=args.geometry, geometry_every=args.geometry_every)
     print(widths_table(manifest))
     print(f"\nwrote {args.out}/manifest.json and {len(manifest['widths'])} width folder(s) in "
           f"{time.perf_counter() - t:.1f} s; analyse with: lmgeom sweep --suite {args.out}")

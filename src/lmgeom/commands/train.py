@@ -76,6 +76,7 @@ GROUPS = {
                      "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "merge_lora"),
     "evaluation and run": ("eval_every", "eval_chunks", "eval_batch_size", "save_every",
                            "stop_after", "keep_checkpoint", "seed"),
+    "geometry while training": ("geometry", "geometry_every"),
 }
 
 
@@ -84,6 +85,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_model_args(p)
     tweak = local_types(FinetuneConfig)
+    tweak.setdefault("geometry", {})["help"] = (
+        "do not record the geometry trajectory (by default each arm's geometry.parquet holds "
+        "PGA z, dispersion, PC1 share and RankMe at every evaluation step)")
+    tweak.setdefault("geometry_every", {}).update(
+        metavar="STEPS", help="also record the geometry every STEPS steps (0: evaluation steps "
+        "only)")
     for title, names in GROUPS.items():
         g = add_options(p, FinetuneConfig, title=title, only=names, tweak=tweak,
                         repeat=("texts", "eval_texts"),

@@ -149,6 +149,10 @@ class FinetuneConfig:
         save_every: checkpoint every this many steps (default: --eval-every).
         stop_after: stop (checkpointed) after this many steps in this call; rerun to go on.
         keep_checkpoint: keep the last checkpoint (optimizer state) after an arm finishes.
+        geometry: record each arm's geometry trajectory (arms/<arm>/geometry.parquet: PGA z,
+            dispersion, PC1 readout share, RankMe on 128 builtin:domains texts) at every
+            evaluation step; training is bit-identical with and without it.
+        geometry_every: also record the geometry every this many steps (0: evaluation steps only).
         progress: progress bar (None: when stderr is a terminal).
         make_hooks: ``make_hooks(arm, model, arm_dir)`` → extra step hooks of each arm's
             training loop (e.g. a geometry monitor), called after each optimiser step.
@@ -194,11 +198,14 @@ class FinetuneConfig:
     save_every: int | None = field(default=None, metadata=_cli(type="positive_int"))
     stop_after: int | None = field(default=None, metadata=_cli(type="positive_int"))
     keep_checkpoint: bool = False
+    geometry: bool = field(default=True, metadata=_cli(flag="--no-geometry", dest="geometry",
+                                                       action="store_false"))
+    geometry_every: int = field(default=0, metadata=_cli(type="nonneg_int"))
     progress: bool | None = field(default=None, metadata=_OFF)
     make_hooks: MakeHooks | None = field(default=None, repr=False, compare=False, metadata=_OFF)
 
     _UNSIGNED = ("device", "save_every", "stop_after", "keep_checkpoint", "progress",
-                 "make_hooks")
+                 "make_hooks", "geometry", "geometry_every")
 
     def __post_init__(self) -> None:
         self.texts = tuple(self.texts)

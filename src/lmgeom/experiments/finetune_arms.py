@@ -30,6 +30,7 @@ from ..training.checkpoint import (
     save_checkpoint,
     trainable_parameters,
 )
+from ..training.geometry import make_recorder
 from ..training.loop import Hook, aux_objective, show_progress, train_loop
 from .finetune_data import Domain, batch_arrays, domain_schedule
 from .finetune_eval import encode_eval, eval_rows, evaluate, train_rows
@@ -296,6 +297,11 @@ def train_arm(cfg: FinetuneConfig, arm: str, domains: Sequence[Domain],
         run.start(baseline)
         model.train()
         extra = list(make_hooks(arm, model, arm_dir)) if make_hooks is not None else []
+        if cfg.geometry:  # measures the model being trained (LoRA adapters are in lm in place)
+            rec = make_recorder(lm, None, arm_dir, name=arm, at_steps=cfg.eval_steps,
+                                every=cfg.geometry_every, last_step=cfg.steps, seed=cfg.seed)
+            rec.start(run.step0)
+            extra.append(rec)
         try:
             train_loop(model, opt, params, start=run.step0, steps=cfg.steps, batch_at=batch_at,
                        lr_at=lambda step: lr_at(cfg, step), objective=aux_objective(aux),

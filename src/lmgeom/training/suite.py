@@ -55,6 +55,7 @@ from .suite_config import (
     model_shape,
     width_label,
 )
+from .geometry import GEOMETRY_FILE, combine, make_recorder
 from .suite_data import SuiteData, prepare_data
 from .suite_manifest import (
     describe_suite,
@@ -113,6 +114,21 @@ def _check_folder(root: Path, config: SuiteConfig, overwrite: bool) -> None:
         write_json(marker, want)
 
 
+def _geometry_hooks(config: SuiteConfig, data, every: int,
+                    make_hooks: MakeHooks | None) -> MakeHooks:
+    """``make_hooks`` plus a geometry recorder per width (at step 0, the checkpoint steps, every
+    ``every`` steps and the last), on the suite's own tokenizer."""
+    steps = checkpoint_steps(config.steps, config.n_regular)
+
+    def hooks(width: int, model, wdir: Path) -> list[Any]:
+        extra = list(make_hooks(width, model, wdir)) if make_hooks is not None else []
+        rec = make_recorder(model, data.tokenizer, wdir, name=width_label(width), at_steps=steps,
+                            every=every, last_step=config.steps, seed=config.seed)
+        return [*extra, rec]
+
+    return hooks
+
+
 def train_suite(
     out_dir: str | os.PathLike[str],
     config: SuiteConfig | None = None,
@@ -123,6 +139,8 @@ def train_suite(
     stop_after_steps: int | None = None,
     threads: int | None = 1,
     make_hooks: MakeHooks | None = None,
+    geometry: bool = True,
+    geometry_every: int = 0,
 ) -> dict[str, Any]:
     """Train (or resume, or extend with new widths) a width suite into ``out_dir``.
 
@@ -145,6 +163,12 @@ def train_suite(
         make_hooks: ``make_hooks(width, model, width_folder)`` → extra step hooks for that
             width's training loop (:func:`lmgeom.training.loop.train_loop`'s ``hooks``: called
             after each optimiser step; e.g. a geometry monitor writing into the width folder).
+        geometry: record each width's geometry trajectory (:mod:`lmgeom.training.geometry`:
+            Subspace PGA z, dispersion, PC1 readout share, RankMe on 128 ``builtin:domains``
+            texts) at step 0, at every checkpoint step and every ``geometry_every`` steps,
+            into ``<width>/geometry.parquet`` and, combined, ``out_dir/geometry.parquet``.
+            Training is bit-identical with and without it.
+        geometry_every: also measure every this many steps (0: checkpoint steps only).
 
     Returns:
         The manifest (also written to ``out_dir/manifest.json``).
@@ -178,12 +202,18 @@ def train_suite(
         if epochs > 1:
             log.warning("the token budget is %.2f passes over the %d training tokens", epochs,
                         len(data.train))
+        hooks = (_geometry_hooks(config, data, geometry_every, make_hooks) if geometry
+                 else make_hooks)
         for w in config.widths:
             if width_complete(root, w, config):
                 log.info("w%d is complete; skipped", w)
                 continue
             train_width(root, w, config, data, progress=progress, resume_every_s=resume_every_s,
-                        stop_after_steps=stop_after_steps, make_hooks=make_hooks)
+                        stop_after_steps=stop_after_steps, make_hooks=hooks)
+        if geometry:
+            combine(sorted((p / GEOMETRY_FILE for p in root.iterdir() if p.name.isdigit()),
+                           key=lambda p: int(p.parent.name)),
+                    root / GEOMETRY_FILE)
         manifest = write_manifest(root, config, data_s=t_data)
     finally:
         record_tree(root, since_ns=t_start_ns)  # what this call wrote (for --overwrite)

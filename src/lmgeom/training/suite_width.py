@@ -253,6 +253,9 @@ def train_width(root: Path, width: int, config: SuiteConfig, data: SuiteData, *,
         extra = list(make_hooks(width, model, wdir)) if make_hooks is not None else []
         try:
             run.checkpoint()
+            for hook in extra:  # e.g. the geometry recorder measures a fresh run's step 0
+                if callable(getattr(hook, "start", None)):
+                    hook.start(run.step)
             if run.step < config.steps and not run.stopping:
                 train_loop(model, opt, model.parameters(), start=run.step, steps=config.steps,
                            batch_at=batch_at, lr_at=lambda step: config.lr_at(step + 1),
