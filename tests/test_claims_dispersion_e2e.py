@@ -97,3 +97,28 @@ def test_finetune_claims_on_smollm2_row_shape(tmp_path):
     assert by["D3.lora"].details["paired"] is True  # per-chunk before/after from the run
     assert by["D8.lora"].direction == "<" and by["D3.lora"].direction == ">"
     assert "smallest model (smollm2-135m)" in by["D3"].reason
+
+
+def test_d4_on_a_suite_of_checkpoints(tmp_path):
+    """D4 on a suite folder (``<width>/step<N>/`` model folders): identical checkpoints give
+    a difference of exactly 0; different weights a finite one; step 0 (random init) is left
+    out when two trained checkpoints exist."""
+    from conftest import build_tiny
+
+    from lmgeom.experiments.claims_dispersion_models import cluster_verdict
+
+    s = _settings(cluster_max=32)
+    for name, seeds in (("same", (1, 1, 1)), ("diff", (0, 1, 2))):
+        root = tmp_path / name
+        for step, seed in zip((0, 3, 9), seeds):
+            build_tiny(root / "w32" / f"step{step}", "llama", seed=seed)
+        out = cluster_verdict(str(root), s, tmp_path / "work", False)
+        assert [v.claim for v in out] == ["D4", "D4.w32"]
+        part = out[1]
+        assert part.verdict in VERDICTS and part.verdict != NOT_TESTABLE
+        assert "step 9 minus step 3" in part.quantity
+        assert part.models[0].d == 32 and part.models[0].name == f"{name}/w32"
+        if name == "same":
+            assert part.estimate == 0.0 and part.ci_low == 0.0 and part.ci_high == 0.0
+        else:
+            assert math.isfinite(part.estimate) and part.estimate != 0.0
