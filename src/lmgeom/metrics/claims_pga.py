@@ -205,7 +205,8 @@ def _claim(claim: str, calls: Sequence[Call], *, quantity: str, threshold: float
         v = sign * (edge - threshold)
         return v if math.isfinite(v) else -math.inf
 
-    weakest = min(calls, key=margin)
+    finite = [c for c in calls if math.isfinite(c.ci_low) and math.isfinite(c.ci_high)]
+    weakest = min(finite or calls, key=margin)
     verdict = over_models([c.verdict for c in calls])
     per = "; ".join(f"{c.model.name} (d={c.model.d}): {c.verdict} — {c.note}" for c in calls)
     split = " (evidence split across models)" if (
