@@ -110,3 +110,57 @@ def test_finetune_records_geometry_per_arm(tiny_dir, tmp_path):
     assert list(ta.value) == list(tb.value)
     sig = [json.loads((tmp_path / x / "manifest.json").read_text())["signature"] for x in "ab"]
     assert sig[0] == sig[1]  # the monitor is no setting of the run
+
+
+# --------------------------------------------------------------------------- train --compare
+
+
+def test_regulariser_names_agree():
+    from lmgeom.commands.train import COMPARABLE
+    from lmgeom.experiments.finetune import ALL_ARMS
+    from lmgeom.training.regularisers import REGULARISERS
+
+    assert set(ALL_ARMS) == set(REGULARISERS) == set(COMPARABLE)
+
+
+def test_t_interval_matches_scipy():
+    from scipy import stats
+
+    from lmgeom.experiments.finetune_compare import t_interval
+
+    x = [0.3, -0.1, 0.7, 0.2]
+    m, lo, hi = t_interval(x)
+    ref = stats.t.interval(0.95, len(x) - 1, loc=np.mean(x), scale=stats.sem(x))
+    assert m == pytest.approx(np.mean(x)) and (lo, hi) == pytest.approx(ref)
+    m1, lo1, hi1 = t_interval([2.0])
+    assert m1 == 2.0 and math.isnan(lo1) and math.isnan(hi1)
+
+
+def test_compare_over_seeds_end_to_end(tiny_dir, tmp_path, capsys):
+    from lmgeom.experiments.finetune_compare import seed_changes
+
+    corpus = tmp_path / "prose.txt"
+    corpus.write_text("\n".join(f"a river {i} crosses the valley {i % 5} again" for i in range(40)))
+    out = tmp_path / "cmp"
+    argv = ["train", "--model", str(tiny_dir("llama")), "--texts", str(corpus), "--steps", "2",
+            "--eval-every", "2", "--batch-size", "2", "--seq-len", "16", "--eval-chunks", "4",
+            "--full", "--quiet", "--no-geometry", "--lambda", "0.5",
+            "--compare", "none,push-away,infonce-cos", "--seeds", "0,1", "--out", str(out)]
+    assert main(argv) == 0
+    df = pd.read_parquet(out / "compare.parquet")
+    assert set(df.revision) == {"none", "push-away", "infonce-cos"}
+    ch = df[df.metric == "perplexity_change"].set_index("revision")
+    assert (ch.n == 2).all() and np.isfinite(ch.ci_low).all() and (ch.ci_low <= ch.value).all()
+    assert set(df[df.metric == "dispersion_vs_none"].revision) == {"push-away", "infonce-cos"}
+    # the mean over seeds of each seed's own run (last step minus step 0)
+    per = pd.concat([seed_changes(pd.read_parquet(out / ".work" / f"seed{s}" / "train.parquet"), s)
+                     for s in (0, 1)])
+    want = per[(per.arm == "push-away") & (per.metric == "perplexity")]["change"].mean()
+    assert ch.loc["push-away", "value"] == pytest.approx(want)
+    assert (out / "plots" / "compare.png").is_file() and (out / "report.html").is_file()
+    assert "95 % CI over seeds" in capsys.readouterr().out
+    # mistakes: one line each, nothing run
+    for bad in (["--compare", "push-away"], ["--compare", "push-away,nope"],
+                ["--seeds", "0,1"], ["--compare", "--seeds", "3"]):
+        assert main([*argv[:-8], *bad, "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()

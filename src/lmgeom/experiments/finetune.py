@@ -86,6 +86,10 @@ from .finetune_eval import (
 log = logging.getLogger(__name__)
 
 ARMS = ("none", "push-away", "squeeze")
+#: every regulariser an arm may train with (the names of
+#: :data:`lmgeom.training.regularisers.REGULARISERS`, kept here so importing this module loads
+#: no torch; tests/test_train_geometry.py checks they agree)
+ALL_ARMS = (*ARMS, "infonce-l2", "infonce-cos", "hinge-cos", "covariance")
 METHODS = ("lora", "full")
 DEFAULT_LR = {"lora": 5e-4, "full": 5e-5}
 #: LoRA defaults (documented in docs/train.md)
@@ -215,8 +219,9 @@ class FinetuneConfig:
             raise ConfigError("give at least one training corpus (--texts)")
         if len(set(self.texts)) != len(self.texts):
             raise ConfigError(f"--texts repeats a corpus: {list(self.texts)}")
-        if not self.arms or any(a not in ARMS for a in self.arms) or len(set(self.arms)) != len(self.arms):
-            raise ConfigError(f"arms must be distinct values of {', '.join(ARMS)}; got {list(self.arms)}")
+        if not self.arms or any(a not in ALL_ARMS for a in self.arms) or len(set(self.arms)) != len(self.arms):
+            raise ConfigError(f"arms must be distinct values of {', '.join(ALL_ARMS)}; got "
+                              f"{list(self.arms)}")
         if self.method not in METHODS:
             raise ConfigError(f"method must be lora or full, got {self.method!r}")
         if self.aux_mode not in ("within", "cross"):
@@ -459,6 +464,6 @@ def compare_arms(cfg: FinetuneConfig, out: str | os.PathLike[str], **kwargs: Any
     return finetune(dataclasses.replace(cfg, arms=ARMS), out, **kwargs)
 
 
-__all__ = ["ARMS", "DEFAULT_LR", "DEFAULT_TEXTS", "EVAL_METRICS", "LORA_DEFAULTS", "METHODS",
+__all__ = ["ALL_ARMS", "ARMS", "DEFAULT_LR", "DEFAULT_TEXTS", "EVAL_METRICS", "LORA_DEFAULTS", "METHODS",
            "STATE_VERSION", "TRAIN_METRICS", "FinetuneConfig", "FinetuneResult", "compare_arms",
            "finetune"]
