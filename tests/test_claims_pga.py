@@ -245,3 +245,10 @@ def test_z_not_meaningful_is_no_evidence():
     df = table.frame(rows[: len(rows) // 2] + bad)
     assert R.p4_ccr_restores(df, [MID]).verdict == SUPPORTED
     assert "0" not in set(R.z_profile(df, "mid", "ccr=10")["layer"])
+
+
+def test_p7_leaves_out_layer_pairs_flagged_not_meaningful():
+    df = _conv(0.6, 0.4, 6.0)
+    bad = _conv(0.1, 0.9, -5.0, n=3).assign(flag="k_rank")
+    v = R.p7_convergence(pd.concat([df, bad], ignore_index=True), [NARROW, MID], seed=3)
+    assert v.verdict == SUPPORTED and v.details["n_layer_pairs"] == 12

@@ -562,11 +562,14 @@ def p7_convergence(conv: pd.DataFrame | None, infos: Sequence[ModelInfo], *, see
                    ) -> ClaimVerdict:
     """P7 on a ``converge`` table: over every model pair's matched layers, the mean of
     ``conv_readout - conv_full`` is above 0 and the mean null z of ``conv_readout`` is above
-    1.96 (both with a bootstrap over the matched layer pairs); both must hold."""
+    1.96 (both with a bootstrap over the matched layer pairs); both must hold. Pairs flagged
+    ``k_rank`` are left out."""
     q = "mean Spearman(D_A, D_B) readout minus full over matched layers"
     if conv is None or conv.empty or len(infos) < 2:
         return not_testable("P7", STATEMENTS["P7"], "needs at least two models on the same "
                             "texts", models=tuple(infos), quantity=q)
+    if "flag" in conv.columns:  # layer pairs where z is not meaningful (k_rank): no evidence
+        conv = conv[~conv["flag"].astype(str).str.contains(NOT_MEANINGFUL, regex=False)]
     wide = conv.pivot_table(index=["model", "layer_index", "setting"], columns="metric",
                             values="value", aggfunc="first").reset_index()
     wide = wide.dropna(subset=["conv_full", "conv_readout", "conv_z"])
