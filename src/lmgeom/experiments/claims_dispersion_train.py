@@ -42,9 +42,15 @@ def smallest(models: Sequence[str], infos: Sequence[ModelInfo]) -> tuple[str, Mo
 
 def finetune_config(spec: str, method: str, s: DispersionClaimsSettings, *,
                     device: str | None = None):
+    import dataclasses
+
     from .finetune import FinetuneConfig
 
-    return FinetuneConfig(model=spec, texts=(s.finetune_texts,), arms=("none", "push-away"),
+    # no geometry trajectory (PGA on probe texts at every evaluation): D3/D8 do not read it
+    extra = {"geometry": False} if "geometry" in {
+        f.name for f in dataclasses.fields(FinetuneConfig)} else {}
+    return FinetuneConfig(**extra, model=spec, texts=(s.finetune_texts,),
+                          arms=("none", "push-away"),
                           lam=s.finetune_lam, method=method, steps=s.finetune_steps,
                           eval_every=s.finetune_steps, eval_chunks=s.finetune_eval_chunks,
                           seq_len=s.finetune_seq_len, batch_size=s.finetune_batch,
