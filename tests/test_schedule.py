@@ -147,6 +147,14 @@ def test_hooks_run_after_each_step_and_can_stop():
     np.testing.assert_allclose(seen[0][3].numpy(), [2.4, -1.6], rtol=1e-6)
     assert seen[0][2] == pytest.approx(13.0)  # the loss of the step, before the update
     assert torch.equal(monitored[2][1], seen[2][3])
+    # an object hook only observes: rows returned by .step (GeometryMonitor.step) never stop
+    class Rows:
+        def step(self, step):
+            return [{"metric": "pga_z", "value": 1.0}]
+
+    assert train_loop(None, opt, [w], start=0, steps=4,
+                      batch_at=lambda s: {"target": torch.zeros(2)}, lr_at=lambda s: 0.1,
+                      objective=objective, hooks=[Rows()]) == 4
 
 
 def test_a_non_finite_loss_stops_before_touching_the_weights():

@@ -97,12 +97,16 @@ def optimisation_step(model, optimizer, params: Sequence[Any], batch: Mapping[st
 
 
 def call_hooks(hooks: Iterable[Hook], step: int, entry: dict[str, float]) -> bool:
-    """Run every hook for ``step``; true when any asks the loop to stop."""
+    """Run every hook for ``step``; true when a callable hook returns true (asks the loop to
+    stop). An object hook's ``.step(step)`` only observes: what it returns (e.g. the rows of
+    :meth:`lmgeom.monitor.GeometryMonitor.step`) never stops training."""
     stop = False
     for hook in hooks:
         fn = getattr(hook, "step", None)
-        out = fn(step) if callable(fn) else hook(step, entry)
-        stop = bool(out) or stop
+        if callable(fn):
+            fn(step)
+        else:
+            stop = bool(hook(step, entry)) or stop
     return stop
 
 
