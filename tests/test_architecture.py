@@ -458,3 +458,39 @@ def test_local_import_checker_sees_light_and_heavy_imports():
     assert start == {"json", "lmgeom.errors"}
     assert "torch" in _closure("lmgeom.models.load")
     assert "lmgeom.experiments.layer_sweep" in _closure("lmgeom.experiments.registry")
+
+
+# --------------------------------------------------------------------------- sizes (issue 27)
+
+MAX_FUNCTION_LINES = 100
+MAX_MODULE_LINES = 600
+
+
+def _oversized(root: Path) -> list[str]:
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        src = path.read_text(encoding="utf-8")
+        rel = path.relative_to(root)
+        if src.count("\n") > MAX_MODULE_LINES:
+            out.append(f"{rel}: {src.count(chr(10))} lines (> {MAX_MODULE_LINES})")
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    out.append(f"{rel}:{node.lineno}: {node.name} is {n} lines "
+                               f"(> {MAX_FUNCTION_LINES})")
+    return out
+
+
+def test_no_oversized_functions_or_modules():
+    """No function over 100 lines and no module over 600 in src/ (split them by meaning)."""
+    bad = _oversized(SRC)
+    assert not bad, "split these:\n" + "\n".join(bad)
+
+
+def test_size_check_can_fail(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES + 1))
+    (tmp_path / "big.py").write_text(f"def f():\n{body}\n")
+    assert any("f is" in b for b in _oversized(tmp_path))
+    (tmp_path / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert any("lines (>" in b for b in _oversized(tmp_path))

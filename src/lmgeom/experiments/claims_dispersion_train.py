@@ -18,6 +18,7 @@ live in ``work_dir`` (named by a content key) and resume when interrupted.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Sequence
@@ -42,8 +43,6 @@ def smallest(models: Sequence[str], infos: Sequence[ModelInfo]) -> tuple[str, Mo
 
 def finetune_config(spec: str, method: str, s: DispersionClaimsSettings, *,
                     device: str | None = None):
-    import dataclasses
-
     from .finetune import FinetuneConfig
 
     # no geometry trajectory (PGA on probe texts at every evaluation): D3/D8 do not read it

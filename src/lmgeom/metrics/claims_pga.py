@@ -31,16 +31,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .claims import (
-    CONTRADICTED,
-    INCONCLUSIVE,
-    NOT_TESTABLE,
-    SUPPORTED,
-    ClaimVerdict,
-    ModelInfo,
-    not_testable,
-    verdict_from_interval,
-)
+from .claims import CONTRADICTED, INCONCLUSIVE, NOT_TESTABLE, SUPPORTED  # noqa: I001
+from .claims import ClaimVerdict, ModelInfo, not_testable, verdict_from_interval
 from .regime import collapse_profile
 
 #: P1 and the wide half of P8: "wide" models
