@@ -373,3 +373,18 @@ def test_cli_knnlm_select_end_to_end(tiny_dir, tmp_path):
                "--chunk-len", "24", "--max-train-tokens", "480", "--max-eval-tokens", "96",
                "--k", "8", "--out", str(out), "--quiet"])
     assert rc == 2
+
+
+def test_split_corpus_is_textset_split_with_the_old_rule():
+    """kNN-LM's held-out part comes from TextSet.split (the one splitter) and equals the rule
+    it used before: the first round(f·N) of default_rng(seed).permutation(N), both parts sorted."""
+    from lmgeom.experiments.knnlm import split_corpus
+
+    texts = [f"text number {i}" for i in range(37)]
+    for seed, f in ((0, 0.1), (3, 0.25), (11, 0.5)):
+        tr, ev, how = split_corpus(texts, fraction=f, seed=seed)
+        perm = np.random.default_rng(seed).permutation(37)
+        k = int(min(36, max(1, round(f * 37))))
+        assert list(ev.texts) == [texts[i] for i in np.sort(perm[:k])]
+        assert list(tr.texts) == [texts[i] for i in np.sort(perm[k:])]
+        assert how == f"held-out {k} of 37 texts (seed {seed})"

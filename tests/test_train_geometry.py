@@ -11,12 +11,12 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from test_suite import write_corpus
 
 from lmgeom.cli import main
 from lmgeom.errors import ConfigError
 from lmgeom.training.geometry import GEOMETRY_FILE, read_geometry
 from lmgeom.training.suite import SuiteConfig, checkpoint_steps, suite_checkpoints, train_suite
-from test_suite import write_corpus
 
 METRICS = {"pga_z", "dispersion", "pc1_share", "rankme"}
 

@@ -46,8 +46,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
-
 from ..errors import ConfigError, TextsError
 from ..lm.knnlm import (
     DEFAULT_K,
@@ -178,11 +176,8 @@ def split_corpus(train, eval_=None, *, fraction: float = DEFAULT_EVAL_FRACTION, 
     if len(tr) < 2:
         raise TextsError("the training corpus has fewer than 2 texts: it cannot be split into "
                          "a datastore part and a held-out part; give --eval-texts")
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(len(tr))
-    n_eval = int(min(len(tr) - 1, max(1, round(fraction * len(tr)))))
-    ev_idx, tr_idx = np.sort(perm[:n_eval]), np.sort(perm[n_eval:])
-    return tr.subset(tr_idx), tr.subset(ev_idx), f"held-out {n_eval} of {len(tr)} texts (seed {seed})"
+    rest, held = tr.split(fraction, seed)  # the one splitter (TextSet.split)
+    return rest, held, f"held-out {len(held)} of {len(tr)} texts (seed {seed})"
 
 
 # ---------------------------------------------------------------------- the run
