@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors.numpy as stnp  # stnp.save_file at call time: tests fault-inject it
 from filelock import FileLock
 from safetensors import safe_open
-from safetensors.numpy import load_file, save_file
 
 from .._io import atomic_path, sha256_bytes, stable_hash, write_json
 from .._paths import cache_dir as _cache_root
@@ -170,7 +170,7 @@ class Activations:
         digest = _digest(tensors)
         need = sum(v.nbytes for v in tensors.values()) + 4096
         with atomic_path(st, need=need) as tmp:
-            save_file(tensors, str(tmp), metadata={"sha256": digest})
+            stnp.save_file(tensors, str(tmp), metadata={"sha256": digest})
         write_json(js, {**self.manifest(), "sha256": digest})
         return st, js
 
@@ -218,7 +218,7 @@ def load_activations(path: str | os.PathLike[str]) -> Activations:
             raise CacheError(f"activations file {p} does not exist")
     try:
         man = json.loads(js.read_text())
-        tensors = load_file(str(st))
+        tensors = stnp.load_file(str(st))
     except Exception as exc:
         raise CacheError(f"cannot read activations {st}: {exc}") from exc
     if man.get("sha256") and _digest(tensors) != man["sha256"]:
@@ -276,7 +276,7 @@ class ShardCache:
         try:
             with safe_open(str(p), framework="np") as fh:
                 want = (fh.metadata() or {}).get("sha256")
-            tensors = load_file(str(p))
+            tensors = stnp.load_file(str(p))
             if want is None or _digest(tensors) != want:
                 raise ValueError("checksum mismatch")
             return tensors
@@ -292,7 +292,7 @@ class ShardCache:
         tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
         need = sum(v.nbytes for v in tensors.values()) + 4096
         with atomic_path(self.path(i), need=need) as tmp:
-            save_file(tensors, str(tmp), metadata={"sha256": _digest(tensors)})
+            stnp.save_file(tensors, str(tmp), metadata={"sha256": _digest(tensors)})
 
     def drop_stale(self) -> None:
         """Remove temporaries a killed writer left (call with the lock held)."""
