@@ -33,6 +33,39 @@ CORPUS = [
 VOCAB = 256
 
 
+def paused_at(folder: Path, stage: str, n: int = 1) -> dict[str, str]:
+    """Environment that stops an lmgeom process at the ``n``-th ``pause(stage)`` point until
+    :func:`release` (the deterministic hook of :mod:`lmgeom._testing`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    # the hold outlasts wait_paused's guard, so a slow machine never sees the pause time out
+    return {"LMGEOM_PAUSE_AT": f"{stage}:{n}", "LMGEOM_PAUSE_DIR": str(folder),
+            "LMGEOM_TEST_HOLD_S": "900"}
+
+
+def wait_paused(proc, folder: Path, stage: str, guard_s: float = 600) -> None:
+    """Block until ``proc`` has reached its pause point in ``stage`` (it wrote
+    ``<stage>.paused``). The deadline only guards against a hang; the wait itself is for an
+    event, so the test does not depend on how fast the machine is."""
+    import time
+
+    marker = folder / f"{stage}.paused"
+    deadline = time.monotonic() + guard_s
+    while not marker.is_file():
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else b""
+            err = err.decode() if isinstance(err, bytes) else err
+            raise AssertionError(f"the run ended (rc={proc.returncode}) before its pause point "
+                                 f"in {stage}: {err[-2000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no pause point in {stage} after {guard_s:.0f} s")
+        time.sleep(0.02)
+    assert int(marker.read_text()) == proc.pid
+
+
+def release(folder: Path, stage: str) -> None:
+    (folder / f"{stage}.release").write_text("go\n")
+
+
 def _tokenizer(folder: Path, bos: bool = False):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast

@@ -12,13 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CORPUS
+from conftest import CORPUS, paused_at, release, wait_paused
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -51,16 +50,6 @@ def _run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
 
 def _sh(*cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, check=False)
-
-
-def _wait_for(check, proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if check():
-            return
-        time.sleep(0.05)
-    err = proc.stderr.read().decode()[-2000:] if proc.poll() is not None and proc.stderr else ""
-    raise AssertionError(f"never saw {what} (rc={proc.poll()}): {err}")
 
 
 def _one_clean_line(stderr: str) -> str:
@@ -116,11 +105,14 @@ def test_disk_fills_during_extract_then_rerun_resumes(small_disk, tiny_dir, tmp_
     cache, out = small_disk / "cache", small_disk / "acts"
     cmd = _lmgeom("extract", "--model", model, "--texts", corpus, "--batch-size", "2",
                   "--max-length", "24", "--quiet", "--out", str(out))
-    proc = subprocess.Popen(cmd, env=_env(cache, LMGEOM_TEST_SLOW_STAGE="extract"),
+    hook = tmp_path / "pause"
+    proc = subprocess.Popen(cmd, env=_env(cache, **paused_at(hook, "extract", 3)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     shards = lambda: list((cache / "activations").glob("*/shard-*.safetensors"))
-    _wait_for(lambda: len(shards()) >= 3, proc, "three cache shards")
+    wait_paused(proc, hook, "extract")  # three shards stored, the fourth not begun
+    assert len(shards()) == 3
     filler = _fill(small_disk)
+    release(hook, "extract")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err.decode()
     line = _one_clean_line(err.decode())
@@ -128,7 +120,7 @@ def test_disk_fills_during_extract_then_rerun_resumes(small_disk, tiny_dir, tmp_
     assert str(cache / "activations") in line and "B free on that disk" in line, line
     _no_partial_files(cache, small_disk)
     kept = len(shards())
-    assert 3 <= kept < 15  # 30 texts / 2 per batch
+    assert kept == 3  # the fourth of 15 batches (30 texts / 2) found the disk full
     filler.unlink()
     done = _run(cmd, _env(cache))
     assert done.returncode == 0, done.stderr
@@ -148,18 +140,21 @@ def test_output_disk_fills_during_metrics_then_rerun_reuses_layers(small_disk, t
     out = small_disk / "run"
     cmd = _lmgeom(*ANALYZE, "--model", model, "--texts", corpus, "--out", str(out))
     env = _env(tmp_path / "cache")
-    proc = subprocess.Popen(cmd, env={**env, "LMGEOM_TEST_SLOW_STAGE": "metrics"},
+    hook = tmp_path / "pause"
+    proc = subprocess.Popen(cmd, env={**env, **paused_at(hook, "metrics", 2)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     metrics = lambda: sorted((out / ".work").glob("metrics-*.json"))
-    _wait_for(lambda: len(metrics()) >= 2, proc, "two per-layer results")
+    wait_paused(proc, hook, "metrics")  # two layers written, the third not begun
+    assert len(metrics()) == 2
     filler = _fill(small_disk)
+    release(hook, "metrics")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err.decode()
     line = _one_clean_line(err.decode())
     assert "out of disk space while writing" in line and str(out) in line, line
     _no_partial_files(out)
     before = {p.name: p.stat().st_mtime_ns for p in metrics()}
-    assert len(before) >= 2
+    assert len(before) == 2
     filler.unlink()
     done = _run(cmd, env)
     assert done.returncode == 0, done.stderr
@@ -212,13 +207,20 @@ def test_ctrl_c_in_each_stage_keeps_work_and_rerun_resumes(stage, clean_analyze,
     model, corpus, clean = clean_analyze
     cache, out = tmp_path / "cache", tmp_path / "run"
     cmd = _lmgeom(*ANALYZE, "--model", model, "--texts", corpus, "--out", str(out))
-    proc = subprocess.Popen(cmd, env=_env(cache, LMGEOM_TEST_SLOW_STAGE=stage),
+    hook = tmp_path / "pause"
+    # stopped inside the stage: after 2 stored batches / 2 written layers / 1 section's plots
+    proc = subprocess.Popen(cmd, env=_env(cache, **paused_at(hook, stage, 1 if stage == "report"
+                                                             else 2)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     shards = lambda: list((cache / "activations").glob("*/shard-*.safetensors"))
     metrics = lambda: list((out / ".work").glob("metrics-*.json"))
-    marker = {"extract": lambda: len(shards()) >= 2, "metrics": lambda: len(metrics()) >= 2,
-              "report": lambda: bool(list((out / "plots").glob("*.png")))}[stage]
-    _wait_for(marker, proc, f"the {stage} stage")
+    wait_paused(proc, hook, stage)
+    if stage == "extract":
+        assert len(shards()) == 2
+    elif stage == "metrics":
+        assert len(shards()) == 15 and len(metrics()) == 2
+    else:
+        assert list((out / "plots").glob("*.png"))
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err.decode()
@@ -238,7 +240,7 @@ def test_ctrl_c_in_each_stage_keeps_work_and_rerun_resumes(stage, clean_analyze,
     man = json.loads((out / "manifest.json").read_text())
     assert man["models"][0]["batches_cached"] == n_shards > 0  # fewer batches computed
     if stage == "extract":
-        assert n_shards < 15
+        assert n_shards == 2
     else:
         assert n_shards == 15 and len(before) >= 2
         assert all(p.stat().st_mtime_ns == before[p.name] for p in metrics()
@@ -259,12 +261,14 @@ def test_two_analyze_runs_racing_for_one_out(clean_analyze, tmp_path):
     env = _env(tmp_path / "cache")
     a_cmd = _lmgeom(*ANALYZE, "--model", model, "--texts", corpus, "--out", str(out))
     b_cmd = [*a_cmd, "--ccr", "1"]  # the last --ccr wins: a different run
-    a = subprocess.Popen(a_cmd, env={**env, "LMGEOM_TEST_SLOW_STAGE": "extract"},
+    hook = tmp_path / "pause"
+    a = subprocess.Popen(a_cmd, env={**env, **paused_at(hook, "extract")},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for(lambda: (out / ".lmgeom-run").is_file()
-              and list((tmp_path / "cache" / "activations").glob("*/shard-*")), a, "run A")
+    wait_paused(a, hook, "extract")  # A holds --out and is inside its extraction
+    assert (out / ".lmgeom-run").is_file()
     b = _run(b_cmd, env)
-    assert a.poll() is None, "A must still be running while B tries"
+    assert a.poll() is None, "A must still be running while B tries"  # it waits for release
+    release(hook, "extract")
     assert b.returncode == 2, b.stderr
     line = _one_clean_line(b.stderr)
     assert f"another lmgeom run is writing to {out} right now" in line, line

@@ -162,7 +162,6 @@ def test_output_lmgeom_wrote_then_user_edited_is_not_replaced(tmp_path):
     write_json(p, {"a": 1})
     assert written_by_lmgeom(p)
     write_json(p, {"a": 2})  # lmgeom's own file: replaced
-    time.sleep(0.01)
     p.write_text('{"a": "edited by hand"}')
     assert not written_by_lmgeom(p)
     with pytest.raises(CacheError, match="did not write"):
@@ -421,11 +420,11 @@ def test_finetune_signature_follows_the_corpus_content(tmp_path):
 
 # ------------------------------------------------------------------ concurrent writers
 _HOLD = """
-import sys, time
+import sys
 from lmgeom.results.folder import acquire_output_lock
 acquire_output_lock(sys.argv[1])
 print("held", flush=True)
-time.sleep(60)
+sys.stdin.read()  # holds until the test kills it or ends (its end closes the pipe)
 """
 
 
@@ -433,7 +432,7 @@ def _hold_lock(path: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdout=subprocess.PIPE,
-                            env=env, text=True)
+                            stdin=subprocess.PIPE, env=env, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
 
@@ -465,24 +464,30 @@ def test_a_second_writer_is_refused_while_the_first_writes(kind, tiny_path, corp
 
 
 def test_two_extract_processes_on_one_out(tiny_path, corpus, tmp_path):
-    """Two real processes race for one --out: exactly one writes, the other is refused."""
+    """Two real processes on one --out: while the first is inside its extraction (held at a
+    pause point, so the overlap is certain), the second is refused and writes nothing; the
+    first then finishes and its result is the one on disk."""
+    from conftest import paused_at, release, wait_paused
+
     env = {**os.environ, "LMGEOM_QUIET": "1", "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
     out = tmp_path / "acts"
     cmds = [[sys.executable, "-m", "lmgeom.cli", *_extract(tiny_path, corpus, out, "--seed",
                                                           str(s), "--n", str(6 + s))]
             for s in (0, 1)]
-    procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for c in cmds]
-    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
-    codes = sorted(rc for rc, _ in results)
-    assert codes in ([0, 0], [0, 2]), results
-    if codes == [0, 2]:
-        assert any("another lmgeom run is writing" in err for _, err in results)
+    hook = tmp_path / "pause"
+    first = subprocess.Popen(cmds[0], env={**env, **paused_at(hook, "extract")},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_paused(first, hook, "extract")
+    second = subprocess.run(cmds[1], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 2 and "another lmgeom run is writing" in second.stderr, second
+    assert first.poll() is None  # still held: the refusal happened during its run
+    release(hook, "extract")
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
     from lmgeom.activations import load_activations
 
-    acts = load_activations(out)
-    assert acts.states.shape[1] in (6, 7)
+    assert load_activations(out).states.shape[1] == 6  # the first run's 6 texts, not 7
 
 
 # ------------------------------------------------------------------ more odd output paths
@@ -516,8 +521,7 @@ def test_rerun_refuses_before_work_when_the_table_was_edited_by_hand(tiny_path, 
     out = tmp_path / "run"
     argv = [*ANALYZE, "--model", tiny_path, "--texts", corpus, "--out", str(out)]
     assert main(argv) == 0
-    time.sleep(0.01)
-    (out / "layers.csv").write_text("my edited table\n")
+    (out / "layers.csv").write_text("my edited table\n")  # another size: a changed identity
     _no_model(monkeypatch)
     for extra in ([], ["--seed", "3", "--overwrite"]):
         assert main([*argv, *extra]) == 2
@@ -565,7 +569,6 @@ def test_attach_refuses_a_run_whose_manifest_was_edited(tmp_path, capsys, monkey
 
     run = prepare_out_dir(tmp_path / "run", "sig")
     write_json(run / "manifest.json", {"command": "analyze"})
-    time.sleep(0.01)
     (run / "manifest.json").write_text("{}")
     _no_model(monkeypatch)
     assert main(["dispersion", "--attach", str(run), "--out", str(tmp_path / "d")]) == 2
@@ -653,13 +656,15 @@ def test_an_unwritable_out_is_named_as_such(out, tiny_path, corpus, capsys, monk
 def test_record_tree_never_adopts_a_file_left_there_before(tmp_path):
     """The suite / fine-tuning record what they wrote with ``record_tree(since_ns=start)``: a
     user's file already in the folder stays foreign, so a later --overwrite keeps it."""
-    from lmgeom._io import record_tree, remove_written, written_by_lmgeom
+    from lmgeom._io import fs_clock_ns, record_tree, remove_written, written_by_lmgeom
 
     (tmp_path / "notes.txt").write_text("mine")
     old = time.time_ns() - 10**9
     os.utime(tmp_path / "notes.txt", ns=(old, old))
-    time.sleep(0.01)
-    start = time.time_ns()
+    before = (tmp_path / "notes.txt").stat().st_ctime_ns  # utime stamps ctime with "now"
+    start = fs_clock_ns(tmp_path)
+    while start <= before:  # the filesystem's coarse clock has not ticked since: wait for it
+        start = fs_clock_ns(tmp_path)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "w.bin").write_bytes(b"weights")
     record_tree(tmp_path, since_ns=start)

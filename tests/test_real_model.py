@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import torch
 
 import lmgeom
 from lmgeom.activations import extract, load_activations
+from conftest import paused_at, wait_paused
 
 pytestmark = pytest.mark.slow
 
@@ -60,19 +60,15 @@ def test_sigkill_midway_then_resume_is_identical(tmp_path):
     (tmp_path / "cache" / "hashes").symlink_to((real / "hashes").resolve(), target_is_directory=True)
     cmd = [sys.executable, "-m", "lmgeom.cli", "extract", "--texts", str(corpus), "--n", "60",
            "--batch-size", "4", "--max-length", "48", "--layers", "all", "--out", str(tmp_path / "acts"), "--quiet"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pauses = tmp_path / "pauses"
+    proc = subprocess.Popen(cmd, env={**env, **paused_at(pauses, "extract", 3)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     act_dir = tmp_path / "cache" / "activations"
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        shards = list(act_dir.glob("*/shard-*.safetensors")) if act_dir.exists() else []
-        if len(shards) >= 3 or proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, "extraction finished before it could be killed"
+    wait_paused(proc, pauses, "extract")  # the third batch is stored, the fourth not begun
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     n_before = len(list(act_dir.glob("*/shard-*.safetensors")))
-    assert 3 <= n_before < 15
+    assert n_before == 3
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert f"{15 - n_before} batches computed, {n_before} from cache" in done.stdout

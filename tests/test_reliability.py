@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ import pytest
 import lmgeom
 from lmgeom import metrics as M
 from lmgeom.cli import main
-from conftest import CORPUS
+from conftest import CORPUS, paused_at, release, wait_paused
 
 
 def _corpus(tmp_path, n=40):
@@ -83,19 +82,17 @@ def test_sigkill_analyze_at_each_stage_then_rerun_is_identical(stage, tiny_dir, 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "lmgeom.cli", "analyze", "--model", model, "--texts", corpus,
            "--k", "4", "--n-null", "20", "--ccr", "0,1", "--batch-size", "2", "--quiet", "--out", str(out)]
-    # a slow-down hook so each stage lasts long enough to be killed in
-    env["LMGEOM_TEST_SLOW_STAGE"] = stage
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    hook = tmp_path / "pause"  # stopped inside the stage at a known point, then killed there
+    proc = subprocess.Popen(cmd, env={**env, **paused_at(hook, stage)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    wait_paused(proc, hook, stage)
     marker = {"extract": lambda: list((tmp_path / "cache" / "activations").glob("*/shard-*")),
               "metrics": lambda: list((out / ".work").glob("metrics-*.json")),
               "report": lambda: list((out / "plots").glob("*.png"))}[stage]
-    deadline = time.time() + 120
-    while time.time() < deadline and not marker() and proc.poll() is None:
-        time.sleep(0.05)
-    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    assert marker() and proc.poll() is None
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    env.pop("LMGEOM_TEST_SLOW_STAGE")
+    assert not (out / "manifest.json").exists()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     clean = tmp_path / "clean"
@@ -115,10 +112,27 @@ def test_two_processes_extracting_the_same_key(tiny_dir, tmp_path):
     env = _env(tmp_path)
     cmd = [sys.executable, "-m", "lmgeom.cli", "extract", "--model", str(tiny_dir("llama")), "--texts",
            corpus, "--batch-size", "2", "--quiet"]
-    procs = [subprocess.Popen(cmd + ["--out", str(tmp_path / f"acts{i}")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
-    for p in procs:
-        assert p.wait(timeout=300) == 0, p.stderr.read().decode()
+    # the first holds the cache entry's lock, paused after its first batch; the second is
+    # started and stopped just before it asks for that lock, then both go on: the second must
+    # wait for the first and compute nothing itself, in every interleaving
+    hold0, hold1 = tmp_path / "p0", tmp_path / "p1"
+    p0 = subprocess.Popen(cmd + ["--out", str(tmp_path / "acts0")],
+                          env={**env, **paused_at(hold0, "extract")},
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_paused(p0, hold0, "extract")
+    p1 = subprocess.Popen(cmd + ["--out", str(tmp_path / "acts1")],
+                          env={**env, **paused_at(hold1, "extract-lock")},
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_paused(p1, hold1, "extract-lock")
+    release(hold1, "extract-lock")
+    release(hold0, "extract")
+    outs = []
+    for p in (p0, p1):
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stderr.decode()
+        outs.append(stdout.decode())
+    assert "20 batches computed, 0 from cache" in outs[0], outs[0]
+    assert "0 batches computed, 20 from cache" in outs[1], outs[1]
     a0 = lmgeom.load_activations(tmp_path / "acts0")
     a1 = lmgeom.load_activations(tmp_path / "acts1")
     np.testing.assert_array_equal(a0.states, a1.states)

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -189,9 +190,30 @@ def record_written(path: str | os.PathLike[str]) -> None:
         logging.getLogger(__name__).debug("could not record %s as written", path, exc_info=True)
 
 
+def fs_clock_ns(folder: str | os.PathLike[str]) -> int:
+    """The clock of the filesystem that holds ``folder`` (its nearest existing ancestor), in
+    ns: the change time of a probe file written there now. Take a ``since_ns`` for
+    :func:`record_tree` from here, not from ``time.time_ns()``: filesystems stamp files with a
+    coarse clock that lags the fine one by up to a tick, so a file written just after a
+    ``time.time_ns()`` can carry an older stamp and be missed."""
+    p = Path(folder)
+    while not p.is_dir() and p != p.parent:
+        p = p.parent
+    try:
+        fd, name = tempfile.mkstemp(prefix=".lmgeom-clock-", dir=p)
+    except OSError:  # read-only place: the run will fail to write there anyway
+        return time.time_ns()
+    try:
+        return os.fstat(fd).st_ctime_ns
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+
+
 def record_tree(folder: str | os.PathLike[str], *, since_ns: int | None = None) -> None:
     """:func:`record_written` for every file under ``folder`` that lmgeom just wrote there:
-    with ``since_ns`` (a ``time.time_ns()`` taken when the writing began) only files changed
+    with ``since_ns`` (a :func:`fs_clock_ns` taken when the writing began) only files changed
     since then, so a file a user left in the folder beforehand never becomes lmgeom's."""
     for p in Path(folder).rglob("*"):
         if not p.is_file() or p.is_symlink():

@@ -1,7 +1,11 @@
 """Test hooks, each a no-op unless its environment variable is set (one env lookup per call).
 
-* ``LMGEOM_TEST_SLOW_STAGE=extract|metrics|report`` slows that stage down (:func:`pause`) so
-  the reliability tests can SIGKILL or SIGINT a run inside it.
+* ``LMGEOM_PAUSE_AT=<stage>[:<n>]`` + ``LMGEOM_PAUSE_DIR`` stops a run inside a stage
+  (``extract-lock`` just before an extraction asks for its cache entry's lock, ``extract``
+  after a computed batch is stored, ``metrics`` after a layer's result is
+  written, ``report`` after a section's plots) until the test releases it (:func:`pause`), so
+  the fault tests can SIGKILL, SIGINT or fill the disk at a known point, whatever the speed
+  of the machine: no sleeps, no timing windows.
 * ``LMGEOM_TEST_FLAKY_DIR`` makes jobs named ``*flaky*`` fail once and ``*always-fails*``
   always (:func:`fail_once`), to test the engines' retries across processes.
 * ``LMGEOM_TEST_HOLD_DIR`` + ``LMGEOM_TEST_HOLD=job,extract-batch`` stops the first call at
@@ -17,9 +21,44 @@ import time
 from ._env import hold_seconds
 
 
+_pause_calls: dict[str, int] = {}
+
+
 def pause(stage: str) -> None:
-    if os.environ.get("LMGEOM_TEST_SLOW_STAGE") == stage:
-        time.sleep(0.4)
+    """Test hook: a deterministic pause point inside ``stage``.
+
+    With ``LMGEOM_PAUSE_AT=<stage>[:<n>]`` (``n`` defaults to 1) and ``LMGEOM_PAUSE_DIR`` set,
+    the ``n``-th call of ``pause(stage)`` in this process writes its pid to
+    ``<dir>/<stage>.paused`` (atomically: once the file exists the run *is* inside the stage,
+    with exactly ``n`` units of it finished and stored) and then waits until
+    ``<dir>/<stage>.release`` appears (at most ``LMGEOM_TEST_HOLD_S`` seconds, then it
+    raises). The wait is a sleep loop in the calling (main) thread, so a SIGINT sent while
+    paused raises ``KeyboardInterrupt`` there, as Ctrl-C in a real run would. Every other
+    call passes straight through.
+    """
+    spec = os.environ.get("LMGEOM_PAUSE_AT")
+    if not spec:
+        return
+    name, _, nth = spec.partition(":")
+    if name != stage:
+        return
+    folder = os.environ.get("LMGEOM_PAUSE_DIR")
+    if not folder:
+        raise RuntimeError("LMGEOM_PAUSE_AT is set but LMGEOM_PAUSE_DIR is not (test hook)")
+    _pause_calls[stage] = _pause_calls.get(stage, 0) + 1
+    if _pause_calls[stage] != (int(nth) if nth else 1):
+        return
+    marker = os.path.join(folder, f"{stage}.paused")
+    with open(marker + ".tmp", "w") as fh:
+        fh.write(f"{os.getpid()}\n")
+    os.replace(marker + ".tmp", marker)
+    release = os.path.join(folder, f"{stage}.release")
+    deadline = time.monotonic() + hold_seconds()
+    while time.monotonic() < deadline:
+        if os.path.exists(release):
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"test pause in {stage} was never released (LMGEOM_PAUSE_DIR)")
 
 
 def hold(point: str) -> None:

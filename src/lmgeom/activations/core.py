@@ -357,6 +357,7 @@ def extract(
     store = plan.store(cache, cache_root)
     n_computed = 0
     shards: list[dict[str, np.ndarray]] = []
+    pause("extract-lock")
     with store.lock():
         store.drop_stale()
         for out in run_batches(model, plan.enc, plan.points, plan.pool, plan.shard,

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .._io import record_tree, write_json
+from .._io import fs_clock_ns, record_tree, write_json
 from ..errors import ConfigError
 from ..report.figures_training import plot_curves
 from ..texts import source_fingerprint
@@ -291,7 +291,7 @@ class FinetuneConfig:
                               "lmgeom.experiments.run_experiment(config, out) or "
                               "finetune(config, out)")
         out_dir = Path(work_dir).parent
-        t_start_ns = time.time_ns()
+        t_start_ns = fs_clock_ns(out_dir)
         try:
             return _run(self, out_dir, self.progress if progress is None else progress,
                         t_start_ns)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._io import record_tree, remove_written, write_json, written_by_lmgeom
+from .._io import fs_clock_ns, record_tree, remove_written, write_json, written_by_lmgeom
 from .._paths import check_output_location
 from ..errors import CacheError, ConfigError
 from ..results.folder import acquire_output_lock, release_output_lock
@@ -181,7 +181,7 @@ def train_suite(
     config = config or SuiteConfig()
     root = Path(out_dir)
     lock = acquire_output_lock(root)  # beside the folder, as every lmgeom output
-    t_start_ns = time.time_ns()
+    t_start_ns = fs_clock_ns(root)
     try:
         _check_folder(root, config, overwrite)
     except BaseException:
