@@ -57,9 +57,19 @@ def wait_paused(proc, folder: Path, stage: str, guard_s: float = 600) -> None:
             raise AssertionError(f"the run ended (rc={proc.returncode}) before its pause point "
                                  f"in {stage}: {err[-2000:]}")
         if time.monotonic() > deadline:
+            proc.kill()
             raise AssertionError(f"no pause point in {stage} after {guard_s:.0f} s")
         time.sleep(0.02)
     assert int(marker.read_text()) == proc.pid
+
+
+def sigint_default() -> None:
+    """``preexec_fn`` of a child that a test stops with SIGINT (Ctrl-C). A suite run as a
+    background job (``make test &``, nohup, some CI runners) starts its children with SIGINT
+    ignored, and Python then keeps it ignored: the child would never hear the signal."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def release(folder: Path, stage: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CORPUS, paused_at, release, wait_paused
+from conftest import CORPUS, paused_at, release, sigint_default, wait_paused
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -211,7 +211,8 @@ def test_ctrl_c_in_each_stage_keeps_work_and_rerun_resumes(stage, clean_analyze,
     # stopped inside the stage: after 2 stored batches / 2 written layers / 1 section's plots
     proc = subprocess.Popen(cmd, env=_env(cache, **paused_at(hook, stage, 1 if stage == "report"
                                                              else 2)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=sigint_default)
     shards = lambda: list((cache / "activations").glob("*/shard-*.safetensors"))
     metrics = lambda: list((out / ".work").glob("metrics-*.json"))
     wait_paused(proc, hook, stage)
@@ -222,7 +223,10 @@ def test_ctrl_c_in_each_stage_keeps_work_and_rerun_resumes(stage, clean_analyze,
     else:
         assert list((out / "plots").glob("*.png"))
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # no-op once it ended; a run that ignored the signal must not linger
     assert proc.returncode == 130, err.decode()
     line = _one_clean_line(err.decode())
     assert line.startswith("lmgeom analyze: interrupted; kept "), line
