@@ -141,7 +141,7 @@ def test_nan_states_name_the_layer(tiny_dir, tmp_path):
 
 # ------------------------------------------------------------------ metric options
 @pytest.mark.parametrize("extra, needle", [
-    (["--k", "32"], "smaller than the width"),
+    (["--k", "32"], "does not fit 12 texts"),  # refused before the model loads
     (["--k", "0"], "k"),
     (["--k", "4", "--n-null", "1"], "--n-null must be >= 2"),
     (["--k", "4", "--ccr", "40"], "CCR"),
@@ -184,7 +184,7 @@ def test_single_text_corpus(tiny_path, tmp_path, capsys):
     p.write_text("only one text here\n")
     line = _cli_error(["pga", "--model", tiny_path, "--texts", str(p), "--k", "4", "--layers", "1",
                        "--n-null", "5", "--quiet"], capsys)
-    assert "layer 1" in line
+    assert "1 texts are too few" in line and "--n 5 or more" in line
 
 
 def test_single_class_probe(tiny_path, tmp_path, capsys):

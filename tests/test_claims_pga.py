@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from lmgeom.metrics import claims_pga as R
+from lmgeom.metrics import claims_profile as P
 from lmgeom.metrics.claims import (
     CONTRADICTED,
     INCONCLUSIVE,
@@ -208,28 +209,28 @@ def test_p8_probes_in_zone_and_wide_tracking():
 
 
 def test_combinators_and_bootstrap():
-    assert R.all_of([SUPPORTED, SUPPORTED]) == SUPPORTED
-    assert R.all_of([SUPPORTED, CONTRADICTED]) == CONTRADICTED
-    assert R.all_of([SUPPORTED, INCONCLUSIVE]) == INCONCLUSIVE
-    assert R.over_models([CONTRADICTED, CONTRADICTED]) == CONTRADICTED
-    assert R.over_models([SUPPORTED, CONTRADICTED]) == INCONCLUSIVE
-    assert R.over_models([NOT_TESTABLE]) == NOT_TESTABLE
+    assert P.all_of([SUPPORTED, SUPPORTED]) == SUPPORTED
+    assert P.all_of([SUPPORTED, CONTRADICTED]) == CONTRADICTED
+    assert P.all_of([SUPPORTED, INCONCLUSIVE]) == INCONCLUSIVE
+    assert P.over_models([CONTRADICTED, CONTRADICTED]) == CONTRADICTED
+    assert P.over_models([SUPPORTED, CONTRADICTED]) == INCONCLUSIVE
+    assert P.over_models([NOT_TESTABLE]) == NOT_TESTABLE
     x = np.arange(20, dtype=float)
-    a = R.bootstrap_ci(x, np.mean, seed=5)
-    assert a == R.bootstrap_ci(x, np.mean, seed=5)  # seeded: reproducible
+    a = P.bootstrap_ci(x, np.mean, seed=5)
+    assert a == P.bootstrap_ci(x, np.mean, seed=5)  # seeded: reproducible
     assert a[0] < x.mean() < a[1]
-    assert R.bootstrap_ci([2.0], np.mean, seed=0) == (2.0, 2.0)
+    assert P.bootstrap_ci([2.0], np.mean, seed=0) == (2.0, 2.0)
     from scipy.stats import spearmanr
 
     u, w = np.random.default_rng(0).random((2, 30))
     w[3] = w[4]
-    assert R.spearman(u, w) == pytest.approx(spearmanr(u, w)[0])
+    assert P.spearman(u, w) == pytest.approx(spearmanr(u, w)[0])
 
 
 def test_z_profile_reads_band_and_skips_points():
     rows = profile_rows("m", DETOUR) + [table.row(model="m", layer="3.attn_out", layer_index=3,
                                                   metric="pga_z", setting="ccr=1", value=99.0)]
-    prof = R.z_profile(table.frame(rows), "m")
+    prof = P.z_profile(table.frame(rows), "m")
     assert list(prof["z"]) == DETOUR and (prof["hi"] == 2.0).all()
     assert isinstance(prof, pd.DataFrame)
 
@@ -244,7 +245,7 @@ def test_z_not_meaningful_is_no_evidence():
             r["flag"] = "k_rank"
     df = table.frame(rows[: len(rows) // 2] + bad)
     assert R.p4_ccr_restores(df, [MID]).verdict == SUPPORTED
-    assert "0" not in set(R.z_profile(df, "mid", "ccr=10")["layer"])
+    assert "0" not in set(P.z_profile(df, "mid", "ccr=10")["layer"])
 
 
 def test_p7_leaves_out_layer_pairs_flagged_not_meaningful():

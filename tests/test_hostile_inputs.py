@@ -476,13 +476,13 @@ def test_two_extract_processes_on_one_out(tiny_path, corpus, tmp_path):
                                                           str(s), "--n", str(6 + s))]
             for s in (0, 1)]
     hook = tmp_path / "pause"
-    first = subprocess.Popen(cmds[0], env={**env, **paused_at(hook, "extract")},
+    first = subprocess.Popen(cmds[0], env={**env, **paused_at(hook, "extract-lock")},
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_paused(first, hook, "extract")
+    wait_paused(first, hook, "extract-lock")  # reached even when every batch is cached
     second = subprocess.run(cmds[1], env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 2 and "another lmgeom run is writing" in second.stderr, second
     assert first.poll() is None  # still held: the refusal happened during its run
-    release(hook, "extract")
+    release(hook, "extract-lock")
     _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     from lmgeom.activations import load_activations

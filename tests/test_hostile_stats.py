@@ -331,8 +331,12 @@ def test_probe_skip_reason_single_class_and_enough():
     assert probe_skip_reason(np.repeat(["a", "b"], 5), folds=5) is None
 
 
-def test_analyze_with_few_texts_skips_probes_and_keeps_the_run(tiny, tmp_path, capsys):
-    """``analyze --n 16``: the probes need 5 texts per class; the run goes on without them."""
+def test_analyze_with_few_texts_skips_probes_and_keeps_the_run(tiny, tmp_path, capsys,
+                                                                 monkeypatch):
+    """``analyze --n 16``: the probes need 5 texts per class; the run goes on without them.
+    k is decided before any work: ``--k 8`` cannot fit 16 texts with CCR-10 (rank <= 5), so it
+    is refused at once; without ``--k`` the run takes k = 16 - 10 - 2 = 4 and says so."""
+    import lmgeom.experiments.analyze as A
     from lmgeom.cli import main
 
     p = tmp_path / "labeled.jsonl"
@@ -340,25 +344,31 @@ def test_analyze_with_few_texts_skips_probes_and_keeps_the_run(tiny, tmp_path, c
     p.write_text("\n".join(json.dumps({"text": t, "label": labels[i % 5]})
                            for i, t in enumerate(_texts(40))) + "\n")
     out = tmp_path / "run"
+    argv = ["analyze", "--model", tiny, "--texts", str(p), "--n", "16", "--n-null", "20",
+            "--ccr", "0,1,10", "--layers", "0,1,final", "--pooling", "mean",
+            "--max-length", "24", "--no-logit-lens", "--quiet", "--out", str(out)]
+    loads = []
+    real = A.analyze_model
+    monkeypatch.setattr(A, "analyze_model", lambda *a, **kw: loads.append(a) or real(*a, **kw))
+    assert main([*argv, "--k", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "--k 8 does not fit 16 texts" in err and "use --k 4 or less" in err
+    assert "--n 20 or more" in err
+    assert loads == []  # refused before any model was loaded or run
     with pytest.warns(LowSampleWarning) as rec:
-        rc = main(["analyze", "--model", tiny, "--texts", str(p), "--n", "16", "--k", "8",
-                   "--n-null", "20", "--ccr", "0,1,10", "--layers", "0,1,final",
-                   "--pooling", "mean",
-                   "--max-length", "24", "--no-logit-lens", "--quiet", "--out", str(out)])
+        rc = main(argv)
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     msgs = [str(w.message) for w in rec if issubclass(w.category, LowSampleWarning)]
     skip = [m for m in msgs if "linear probes skipped" in m]
     assert len(skip) == 1 and "--n 25 or more" in skip[0] and "folds=5" in skip[0]
+    assert any("k = 4 instead of 100" in m for m in msgs)
     df = pd.read_parquet(out / "layers.parquet")
     assert not df.metric.str.startswith("probe").any()
     z = df[df.metric == "pga_z"]
     assert set(z.layer) == {"0", "1", "final"} and np.isfinite(z.value).all()
-    # 16 texts: CCR-10 leaves rank <= 5 < k = 8 -> flagged, warned once for all its layers
-    assert (z[z.setting == "ccr=10"].flag == "k_rank").all()
-    assert (z[z.setting == "ccr=0"].flag == "").all()
-    assert any("CCR-10 leaves rank" in m and "layers" in m for m in msgs)
-    assert "LOW SAMPLE (k_rank)" in cap.out
+    assert (z.flag == "").all()  # k fits every CCR level: no k_rank flag anywhere
+    assert "LOW SAMPLE" not in cap.out and "(k=4," in cap.out
     man = json.loads((out / "manifest.json").read_text())
     assert "linear probes skipped" in man["models"][0]["probes_skipped"]
 

@@ -41,7 +41,9 @@ class PGAArgs:
     """The Subspace PGA options (``analyze``, ``pga``, ``probe``; ``sweep`` with its own ``--k``).
 
     Attributes:
-        k: readout subspace dimension.
+        k: readout subspace dimension (default: 100, the papers' k, or n - max(CCR) - 2 when
+            fewer texts leave no room for 100, said once and recorded in the manifest); an
+            explicit k that does not fit n and the CCR levels is refused before any work.
         n_null: random subspaces in the null.
         ccr: CCR levels: principal components removed (comma list).
         pairs: 'exact' (all pairs), an integer (one seeded sample of that many pairs), or
@@ -50,7 +52,7 @@ class PGAArgs:
         metrics_device: device for the PGA computation (e.g. cuda).
     """
 
-    k: int = field(default=100, metadata=arg(type=positive_int))
+    k: int | None = field(default=None, metadata=arg(type=positive_int))
     n_null: int = field(default=100, metadata=arg(type=int_range(2)))
     ccr: str = "0,1,5,10"
     pairs: str = "auto"

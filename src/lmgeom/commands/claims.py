@@ -27,9 +27,16 @@ DESCRIPTION = (
     "paper (D1-D8) on the models given (default: every installed bundled model) and writes "
     "claims.parquet/.csv — one row per claim: statement, models (width, family, tuning), the "
     "measured quantity with its 95 % interval, the threshold the claim implies and a verdict "
-    "(supported / contradicted / inconclusive / not testable here, with the reason) — the layer "
-    "sweep and convergence tables it rests on, manifest.json and report.html with PGA z against "
-    "relative depth. --n and --model make a quick look possible; --only P1,D3 runs a subset."
+    "(supported / contradicted / inconclusive / underpowered / not testable here, with the "
+    "reason) — the layer sweep and convergence tables it rests on, manifest.json and "
+    "report.html with PGA z against relative depth. What the texts can support is decided "
+    "before any model loads: k is the papers' 100 where n leaves room for it, else "
+    "n - max(CCR) - 2 (said once, recorded in the manifest and in each verdict it touches); an "
+    "explicit --k that does not fit is refused at once. A PGA decision this n cannot make "
+    "(z inside its null band, or a band wider than an effect of the papers' size would be at "
+    "this n) is 'underpowered', with the n it would need. The layer sweep is kept in the "
+    "cache, so a rerun with other options reuses it. --n and --model make a quick look "
+    "possible; --only P1,D3 runs a subset."
 )
 
 

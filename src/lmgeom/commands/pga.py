@@ -64,12 +64,17 @@ def run(args) -> int:
 
 def _run(args) -> int:
     from ..activations import extract
-    from ..experiments.layer_sweep import pga_rows
+    from ..experiments.layer_sweep import fit_k, pga_rows
+    from ..metrics.sample_size import warn_low_sample
 
     progress = progress_from_args(args)
     config = layer_config_from_args(args, logit_lens=False)
     texts = load_texts_from_args(args)
+    fit_k(config.k, n=len(texts), ccr=config.ccr)  # a k that cannot fit stops before the model
     model = load_model_from_args(args)
+    config, note = config.fitted(len(texts), model.width)
+    if note is not None:
+        warn_low_sample(note)
     acts = extract(model, texts, layers=config.layers, pooling=config.pooling,
                    max_length=config.max_length, batch_size=config.batch_size,
                    cache=not args.no_cache, seed=config.seed, progress=progress)

@@ -25,7 +25,14 @@ from ..models.bundled import DEFAULT_MODEL
 from ..results import table
 from ..results.console import format_table
 from .base import register
-from .layer_sweep import LayerSweepConfig, config_dict, layer_span, model_basis, run_layer_sweep
+from .layer_sweep import (
+    LayerSweepConfig,
+    config_dict,
+    fit_k,
+    layer_span,
+    model_basis,
+    run_layer_sweep,
+)
 from .options import ModelOptions, TextOptions
 from .probes import probe_labels, probe_rows, probe_skip_reason
 from .samples import sample_rows
@@ -116,7 +123,9 @@ def analyze_model(
         model_options: loading options; ``hub_revision`` overrides its revision.
         revision: the ``revision`` column of the rows.
         label: the ``model`` column (``None``: the model's name).
-        k: readout dimension (``None``: ``config.k``; ``"auto"``: min(100, d // 4)).
+        k: readout dimension (``None``: ``config.k``; ``"auto"``: min(100, d // 4)), fitted to
+            the texts by :func:`~.layer_sweep.fit_k` (an explicit k that does not fit raises
+            :class:`ConfigError` before the forward pass).
         probes: add the per-layer linear probes (the texts need labels).
         folds: CV folds of the probes.
         cache: use the activation cache.
@@ -134,8 +143,12 @@ def analyze_model(
         t = time.perf_counter()
         model = opts.load(spec)
         timings["load_s"] = time.perf_counter() - t
-        kk = config.k if k is None else resolve_k(k, model.width)
-        cfg = replace(config, k=kk)
+        # decided before the forward pass: the width is known now, n was known before
+        cfg, note = replace(config, k=config.k if k is None else k).fitted(len(texts),
+                                                                          model.width)
+        if note is not None:
+            warn_low_sample(f"{label or model.name}: {note}")
+        kk = cfg.k
         t = time.perf_counter()
         acts = extract(model, texts, layers=cfg.layers, pooling=cfg.pooling,
                        max_length=cfg.max_length, batch_size=cfg.batch_size, cache=cache,
@@ -217,6 +230,8 @@ class AnalyzeConfig:
             raise ConfigError("--log-samples needs one vector per text (pooling last or mean), "
                               "not pooling tokens")
         object.__setattr__(self, "models", tuple(self.models))
+        if self.texts.n is not None:  # at most n texts: a k that cannot fit them stops here
+            fit_k(self.layers.k, n=self.texts.n, ccr=self.layers.ccr)
 
     def settings(self) -> dict[str, Any]:
         return {"probes": self.probes, "folds": self.folds, "models": list(self.models),
@@ -231,6 +246,8 @@ class AnalyzeConfig:
         t = time.perf_counter()
         texts = self.texts.load()
         timings["texts_s"] = time.perf_counter() - t
+        # k against n before any model loads: an explicit k that cannot fit stops here
+        fit_k(self.layers.k, n=len(texts), ccr=self.layers.ccr)
         probes = texts.labels is not None and self.probes
         local = self.engine.engine == "local"
         # in this process a failure is raised as it is, at once (no retries)
@@ -321,7 +338,8 @@ class AnalyzeResult:
         cfg = self.config.layers
         parts = []
         for model in dict.fromkeys(self.frame["model"].astype(str)):
-            parts.append(f"\nSubspace PGA z per layer — {model} (k={cfg.k}, n_null={cfg.n_null})")
+            k = next((i.get("k") for i in self.models if i.get("name") == model), cfg.k)
+            parts.append(f"\nSubspace PGA z per layer — {model} (k={k}, n_null={cfg.n_null})")
             parts.append(format_table(self.z_table(model), floatfmt="{:.2f}"))
             note = self.flag_note(model)
             if note:

@@ -17,7 +17,7 @@ import importlib
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,15 +25,18 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..metrics.claims import ClaimVerdict, ModelInfo, not_testable
+from ..metrics.sample_size import warn_low_sample
 from ..models.bundled import BUNDLED
 from .base import register
 from .claims_pga import PgaMeasurements, measure_pga, pga_verdicts, wanted
-from .layer_sweep import LayerSweepConfig, config_dict
+from .layer_sweep import LayerSweepConfig, config_dict, fit_k
 from .options import ModelOptions, TextOptions
 
 DISPERSION_MODULE = "lmgeom.experiments.claims_dispersion"
 DISPERSION_CLAIMS = tuple(f"D{i}" for i in range(1, 9))
 PGA_IDS = tuple(f"P{i}" for i in range(1, 9))
+#: the claims whose numbers depend on the readout dimension k (the layer sweep, converge)
+SWEEP_CLAIMS = ("P1", "P2", "P3", "P4", "P5", "P7", "P8")
 _ID = re.compile(r"^[PD][1-8]$")
 
 
@@ -128,6 +131,7 @@ class ClaimsConfig:
                               "train --out DIR`)")
         if self.texts.n is None:
             raise ConfigError("claims need a number of texts (--n)")
+        fit_k(self.layers.k, n=self.texts.n, ccr=self.layers.ccr)  # before the run folder
 
     def settings(self) -> dict[str, Any]:
         return {"models": list(self.models), "texts": self.texts.spec, "n": self.texts.n,
@@ -136,28 +140,46 @@ class ClaimsConfig:
                 "suite": str(Path(self.suite).resolve()) if self.suite else None,
                 "only": list(self.only) if self.only else None}
 
+    def plan(self) -> tuple[LayerSweepConfig, str | None, int]:
+        """What the texts can support, decided before any model loads: the layer sweep with
+        its k fitted to n and the CCR levels (:func:`~.layer_sweep.fit_k`; an explicit k that
+        does not fit raises :class:`ConfigError` here), the note when k was lowered, and n."""
+        n = len(self.texts.load())
+        layers, note = self.layers.fitted(n)
+        return layers, note, n
+
     def run(self, *, work_dir: str | Path | None = None,
             progress: bool | None = None) -> ClaimsResult:
         import tempfile
 
         timings: dict[str, float] = {}
+        t = time.perf_counter()
+        layers, k_note, n = self.plan()
+        timings["plan_s"] = time.perf_counter() - t
+        if k_note is not None:
+            warn_low_sample(k_note)
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(work_dir) if work_dir is not None else Path(tmp)
             t = time.perf_counter()
             meas = measure_pga(self.models, texts=self.texts, model=self.model,
-                               layers=self.layers, folds=self.folds, work_dir=work,
+                               layers=layers, folds=self.folds, work_dir=work,
                                progress=progress, suite=self.suite, only=self.only)
             t1 = time.perf_counter()
             infos = model_infos(self.models, self.model, meas.models)
             timings["model_infos_s"] = time.perf_counter() - t1
             verdicts = pga_verdicts(meas, infos, seed=self.layers.seed, only=self.only,
                                     suite=self.suite)
+            if k_note is not None:  # every verdict that rests on the sweep says so
+                verdicts = [replace(v, reason=f"{v.reason}; {k_note}")
+                            if v.claim.split(".")[0] in SWEEP_CLAIMS else v for v in verdicts]
             timings["pga_claims_s"] = time.perf_counter() - t
             t = time.perf_counter()
             verdicts += self._dispersion(infos, work / "dispersion", progress)
             timings["dispersion_claims_s"] = time.perf_counter() - t
         timings.update({f"pga.{k}": v for k, v in meas.timings.items()})
-        return ClaimsResult(self, verdicts, infos, meas, timings)
+        return ClaimsResult(self, verdicts, infos, meas, timings,
+                            {"k": layers.k, "k_asked": self.layers.k, "k_note": k_note,
+                             "n_texts": n, "ccr": list(layers.ccr)})
 
     def _dispersion(self, infos: list[ModelInfo], work: Path,
                     progress: bool | None) -> list[ClaimVerdict]:
@@ -187,6 +209,7 @@ class ClaimsResult:
     infos: list[ModelInfo]
     measurements: PgaMeasurements
     timings: dict[str, float]
+    plan: dict[str, Any] = field(default_factory=dict)
 
     def rows(self) -> pd.DataFrame:
         return pd.DataFrame([v.row() for v in self.verdicts],
@@ -207,6 +230,7 @@ class ClaimsResult:
                 "texts_hash": m.texts.get("hash"),
                 "seeds": {"texts": c.texts.seed, "pga_null_and_pairs": c.layers.seed,
                           "bootstrap": c.layers.seed},
+                "readout_k": dict(self.plan),
                 "claims": {v.claim: {"verdict": v.verdict, "seed": v.seed,
                                      "details": _plain(v.details)} for v in self.verdicts},
                 "timings": dict(self.timings)}

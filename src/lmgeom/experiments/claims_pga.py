@@ -5,7 +5,9 @@ verdicts from :mod:`lmgeom.metrics.claims_pga`:
 
 * P1-P5, P8: the ``analyze`` layer sweep (:class:`~lmgeom.experiments.analyze.AnalyzeConfig`:
   PGA z at CCR 0/1/5/10 with its null band, PC1 readout share, spectral metrics, the linear
-  probes), its per-layer metrics cached by content under ``work_dir/pga``;
+  probes), its per-layer metrics cached by content in the lmgeom cache
+  (``<cache>/layer-metrics``, :func:`sweep_cache`), so a run that stops after the sweep
+  loses none of it;
 * P7: ``converge`` (:class:`~lmgeom.experiments.convergence.ConvergeExperiment`) on the same
   texts; its extraction is a hit in the activation cache the layer sweep filled (same texts,
   points and pooling), so each model runs forward once;
@@ -15,16 +17,17 @@ verdicts from :mod:`lmgeom.metrics.claims_pga`:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from .._paths import cache_dir
 from ..errors import ConfigError
 from ..metrics import claims_pga as R
-from ..metrics.claims import ClaimVerdict, ModelInfo, not_testable
+from ..metrics.claims import ClaimVerdict, ModelInfo, Power, not_testable
 from .analyze import AnalyzeConfig
 from .layer_sweep import LayerSweepConfig
 from .options import ModelOptions, TextOptions
@@ -54,6 +57,12 @@ class PgaMeasurements:
     notes: dict[str, str] = field(default_factory=dict)
 
 
+def sweep_cache() -> Path:
+    """Where the claims' layer-sweep metrics are kept between runs: ``<cache>/layer-metrics``
+    (each file named by the content key of :func:`~.layer_sweep.run_layer_sweep`)."""
+    return cache_dir("layer-metrics")
+
+
 def measure_pga(models: Sequence[str], *, texts: TextOptions,
                 model: ModelOptions, layers: LayerSweepConfig, folds: int = 5,
                 converge_null: int | None = None, work_dir: Path, progress: bool | None,
@@ -61,10 +70,16 @@ def measure_pga(models: Sequence[str], *, texts: TextOptions,
     """Run what the requested PGA claims need (module docstring) and return the tables."""
     out = PgaMeasurements()
     work = Path(work_dir)
+    # k decided for n before any model loads (ClaimsConfig.plan has done it already)
+    layers, _ = layers.fitted(len(texts.load()))
     if any(wanted(c, only) for c in _SWEEP):
         t = time.perf_counter()
+        # the per-layer metrics go to the cache, keyed by content (states, weights, every
+        # setting): a run that stops later (or a rerun with other claims or another --out)
+        # reuses them instead of recomputing the sweep
         res = AnalyzeConfig(models=tuple(models), texts=texts, model=model, layers=layers,
-                            probes=True, folds=folds).run(work_dir=work / "pga", progress=progress)
+                            probes=True, folds=folds).run(work_dir=sweep_cache(),
+                                                          progress=progress)
         out.layers, out.models, out.texts = res.frame, res.models, res.texts
         out.timings["layer_sweep_s"] = time.perf_counter() - t
         out.timings.update({f"sweep.{k}": v for k, v in res.timings.items()})
@@ -137,16 +152,21 @@ def _suite_sweep(suite: str, texts: TextOptions, layers: LayerSweepConfig, work:
 
 
 def pga_verdicts(m: PgaMeasurements, infos: Sequence[ModelInfo], *, seed: int = 0,
-                 only: Sequence[str] | None = None, suite: str | None = None
-                 ) -> list[ClaimVerdict]:
-    """P1-P8 (and P8.wide) from the measurements, in claim order (only those in ``only``)."""
+                 only: Sequence[str] | None = None, suite: str | None = None,
+                 powers: Mapping[str, Power] | None = None) -> list[ClaimVerdict]:
+    """P1-P8 (and P8.wide) from the measurements, in claim order (only those in ``only``);
+    ``powers``: each model's :class:`~lmgeom.metrics.claims.Power` (default: the table's n,
+    the assumed growth of z with n)."""
     out: list[ClaimVerdict] = []
     df = m.layers
     no_sweep = "the layer sweep did not run"
-    for claim, rule in (("P1", R.p1_wide_stay_positive), ("P2", R.p2_narrow_collapse),
-                        ("P3", lambda d, i: R.p3_pc1_leaves_readout(d, i, seed=seed)),
-                        ("P4", R.p4_ccr_restores),
-                        ("P5", lambda d, i: R.p5_spectral_flat(d, i, seed=seed))):
+    for claim, rule in (("P1", lambda d, i: R.p1_wide_stay_positive(d, i, powers=powers)),
+                        ("P2", lambda d, i: R.p2_narrow_collapse(d, i, powers=powers)),
+                        ("P3", lambda d, i: R.p3_pc1_leaves_readout(d, i, seed=seed,
+                                                                    powers=powers)),
+                        ("P4", lambda d, i: R.p4_ccr_restores(d, i, powers=powers)),
+                        ("P5", lambda d, i: R.p5_spectral_flat(d, i, seed=seed,
+                                                               powers=powers))):
         if wanted(claim, only):
             out.append(rule(df, infos) if df is not None
                        else not_testable(claim, R.STATEMENTS[claim], no_sweep))
@@ -156,7 +176,7 @@ def pga_verdicts(m: PgaMeasurements, infos: Sequence[ModelInfo], *, seed: int = 
     if wanted("P7", only):
         out.append(R.p7_convergence(m.converge, infos, seed=seed))
     if wanted("P8", only):
-        out += (R.p8_probes(df, infos, seed=seed) if df is not None
+        out += (R.p8_probes(df, infos, seed=seed, powers=powers) if df is not None
                 else [not_testable(c, R.STATEMENTS[c], no_sweep) for c in ("P8", "P8.wide")])
     return out
 

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,15 +42,78 @@ log = logging.getLogger(__name__)
 #: exact pairs up to this many texts; above it a seeded sample of AUTO_PAIRS pairs
 AUTO_EXACT_MAX_N = 1000
 AUTO_PAIRS = 250_000
+#: the papers' readout dimension: the default k wherever the texts leave room for it
+PAPER_K = 100
+
+
+def max_k(n: int, ccr: Sequence[int]) -> int:
+    """The largest readout dimension whose z is meaningful on ``n`` texts with CCR levels
+    ``ccr``: after centring and CCR-m the states have rank at most ``n - 1 - m``, and z needs
+    k below that rank (:mod:`lmgeom.metrics.sample_size`, flag ``k_rank``), so
+    ``n - max(ccr) - 2``."""
+    return int(n) - max(ccr) - 2
+
+
+def fit_k(k: int | str | None, *, n: int, ccr: Sequence[int], d: int | None = None
+          ) -> tuple[int, str | None]:
+    """The readout dimension a run uses, decided from n, the CCR levels and (when known) the
+    width d before any forward pass. Returns ``(k, note)``; ``note`` says why k differs from
+    what was asked (``None`` when it does not).
+
+    * ``None`` (the default): :data:`PAPER_K`, or :func:`max_k` when fewer texts leave no
+      room for it (the note says so; the manifest and the verdicts record it);
+    * ``"auto"``: ``min(100, d // 4)`` (``sweep``'s width-scaled k), capped the same way;
+    * an integer: used as given, or refused at once (:class:`ConfigError` naming the largest
+      k that fits and the n the k would need) when it does not fit: an explicit choice is
+      never changed behind the user's back.
+    """
+    m = max(ccr)
+    top = max_k(n, ccr)
+    if top < 1:
+        raise ConfigError(f"{n} texts are too few for CCR levels up to {m}: after centring "
+                          f"and CCR-{m} the states have rank at most {max(n - 1 - m, 0)}, which "
+                          f"leaves no readout dimension with a meaningful z; give --n {m + 4} or more "
+                          "(the papers use 256-512)")
+    if k is None or k == "auto":
+        want = PAPER_K
+        if k == "auto":
+            if d is None:
+                raise ConfigError("k='auto' needs the model's width d")
+            want = max(1, min(PAPER_K, int(d) // 4))
+        got = min(want, top, (int(d) - 1) if d is not None else want)
+        if got == want:
+            return got, None
+        if got < top:  # the width, not the texts, is the limit
+            return got, f"k = {got}, the width d = {d} minus one"
+        return got, (f"k = {got} instead of {want}: {n} texts with CCR up to {m} leave rank "
+                     f"{n - 1 - m} after CCR-{m}, and z needs k below it (k = n - max(CCR) - 2;"
+                     f" give --n {want + m + 2} or more for k = {want})")
+    try:
+        k = int(k)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"k must be a positive integer or 'auto', got {k!r}") from exc
+    if k < 1:
+        raise ConfigError(f"k must be >= 1, got {k}")
+    if d is not None and k >= d:
+        raise ConfigError(f"k = {k} must be smaller than the width d = {d}; use --k {d - 1} or "
+                          "less, or leave --k out")
+    if k > top:
+        raise ConfigError(f"--k {k} does not fit {n} texts with CCR levels up to {m}: after "
+                          f"centring and CCR-{m} the states have rank at most {n - 1 - m}, and "
+                          f"z is only meaningful for k below it; use --k {top} or less, give "
+                          f"--n {k + m + 2} or more, or leave --k out (lmgeom then takes "
+                          f"k = min({PAPER_K}, n - max(CCR) - 2))")
+    return k, None
 
 
 @dataclass(frozen=True)
 class LayerSweepConfig:
     """Settings of the per-layer metrics of one model (PGA per CCR level, PC1 share, spectra,
     logit lens): the layer sweep of ``analyze``, run per job by ``sweep`` (every setting is
-    recorded in the manifest)."""
+    recorded in the manifest). ``k = None`` (the default) is :data:`PAPER_K` where the texts
+    leave room for it (:func:`fit_k`, :meth:`fitted`)."""
 
-    k: int = 100
+    k: int | None = None
     n_null: int = 100
     ccr: tuple[int, ...] = (0, 1, 5, 10)
     pairs: int | str | None = "auto"
@@ -77,6 +141,11 @@ class LayerSweepConfig:
                               f"sampled distances is noise; use --pairs {MIN_PAIRS} or more, or "
                               "--pairs exact (every pair)")
 
+    def fitted(self, n: int, d: int | None = None) -> tuple[LayerSweepConfig, str | None]:
+        """This config with ``k`` decided for ``n`` texts (and width ``d``): :func:`fit_k`."""
+        k, note = fit_k(self.k, n=n, ccr=self.ccr, d=d)
+        return replace(self, k=k), note
+
     def resolved_pairs(self, n: int) -> int | None:
         if self.pairs in ("auto", None, "exact", "all"):
             if self.pairs == "auto" and n > AUTO_EXACT_MAX_N:
@@ -91,6 +160,9 @@ class LayerSweepConfig:
 def model_basis(model, config: LayerSweepConfig) -> np.ndarray:
     """The ``(d, k)`` readout basis of ``model`` (raw ``W_U`` or ``W_U · diag(γ)``)."""
     W = model.W_U.detach().float().cpu().numpy()
+    if config.k is None:
+        raise ConfigError("the readout dimension k is not decided yet: call "
+                          "LayerSweepConfig.fitted(n, d) first")
     if config.k >= W.shape[1]:
         raise ConfigError(f"k = {config.k} must be smaller than the width d = {W.shape[1]} of {model.name}")
     gain = None
@@ -242,6 +314,7 @@ def run_layer_sweep(
     all_rows: list[dict[str, Any]] = []
     notes = LowSampleNotes(f"{model.name}@{revision}" if revision else model.name)
     bar = progress_bar(len(acts.layers), f"metrics {model.name}", progress)
+    computed = 0
     for i, label in enumerate(acts.layers):
         cached = (work / f"metrics-{_safe(model.name)}-{_safe(revision)}-{label}-"
                          f"{_content_key(model, acts.states[i], config)}.json") if work else None
@@ -254,6 +327,7 @@ def run_layer_sweep(
             rows = None
         if rows is None:
             rows, msgs = layer_rows(acts.states[i], basis, config, label)
+            computed += 1
             notes.add(label, msgs)
             if cached is not None:
                 write_json(cached, rows)
@@ -278,7 +352,9 @@ def run_layer_sweep(
             half = 1.96 * res.kl_std / np.sqrt(max(res.n, 1))
             all_rows.append(table.row(metric="logit_lens_kl", value=res.kl, ci_low=res.kl - half,
                                       ci_high=res.kl + half, **common))
-    return table.frame(all_rows), {"metrics_s": t_pga, "logit_lens_s": time.perf_counter() - t1}
+    return table.frame(all_rows), {"metrics_s": t_pga, "logit_lens_s": time.perf_counter() - t1,
+                                   "layers_computed": computed,
+                                   "layers_cached": len(acts.layers) - computed}
 
 
 def _content_key(model, states, config: LayerSweepConfig) -> str:

@@ -22,11 +22,12 @@ from ..activations import extract
 from ..activations.core import progress_bar
 from ..errors import LmgeomError, TextsError
 from ..metrics import probe_accuracy
+from ..metrics.sample_size import warn_low_sample
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
 from ..results.console import format_table
 from .base import register
-from .layer_sweep import LayerSweepConfig, config_dict, run_layer_sweep
+from .layer_sweep import LayerSweepConfig, config_dict, fit_k, run_layer_sweep
 from .options import ModelOptions, TextOptions
 
 
@@ -126,6 +127,10 @@ class ProbeExperiment:
     C: float = 1.0
     cache: bool = True
 
+    def __post_init__(self) -> None:
+        if self.texts.n is not None:  # at most n texts: a k that cannot fit them stops here
+            fit_k(self.layers.k, n=self.texts.n, ccr=self.layers.ccr)
+
     def settings(self) -> dict[str, Any]:
         return {"model": self.spec, "revision": self.model.revision, "texts": self.texts.spec,
                 "n": self.texts.n, "dtype": self.model.dtype, "folds": self.folds, "C": self.C,
@@ -136,7 +141,11 @@ class ProbeExperiment:
         t0 = time.perf_counter()
         cfg, rev = self.layers, self.model.revision or ""
         texts = self.texts.load()
+        fit_k(cfg.k, n=len(texts), ccr=cfg.ccr)  # a k that cannot fit stops before the model
         model = self.model.load(self.spec)
+        cfg, note = cfg.fitted(len(texts), model.width)
+        if note is not None:
+            warn_low_sample(f"{model.name}: {note}")
         acts = extract(model, texts, layers=cfg.layers, pooling=cfg.pooling,
                        max_length=cfg.max_length, batch_size=cfg.batch_size, cache=self.cache,
                        seed=cfg.seed, progress=progress)

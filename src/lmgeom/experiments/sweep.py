@@ -53,7 +53,7 @@ from ..results.table import step_of
 from ..training.suite import duplicate_weights, read_suite
 from .analyze import resolve_k
 from .base import register
-from .layer_sweep import LayerSweepConfig, config_dict
+from .layer_sweep import LayerSweepConfig, config_dict, fit_k
 from .options import TextOptions
 from .regime import regime_rows
 from .sweep_jobs import (
@@ -381,6 +381,8 @@ class SweepConfig:
         if not self.jobs:
             raise ConfigError("the sweep has no jobs")
         object.__setattr__(self, "jobs", tuple(self.jobs))
+        if self.texts.n is not None and self.options.k != "auto":  # before the run folder
+            fit_k(self.options.k, n=self.texts.n, ccr=self.layers.ccr)
 
     def settings(self) -> dict[str, Any]:
         t = self.texts
@@ -396,6 +398,8 @@ class SweepConfig:
         t = time.perf_counter()
         texts = self.texts.load()
         timings["texts_s"] = time.perf_counter() - t
+        if self.options.k != "auto":  # an explicit k that cannot fit n stops before any job
+            fit_k(self.options.k, n=len(texts), ccr=self.layers.ccr)
         t = time.perf_counter()
         with contextlib.ExitStack() as stack:
             if work_dir is None:

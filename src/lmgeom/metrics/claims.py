@@ -12,8 +12,20 @@ Verdicts:
   threshold the claim implies;
 * ``contradicted`` — the interval lies on the other side;
 * ``inconclusive`` — the interval straddles the threshold (or the evidence is split);
+* ``underpowered`` — a z-based decision (PGA claims) that this number of texts cannot make:
+  the measured z lies inside its null band, or the band is wider than an effect of the size
+  the papers report would be at this n (:func:`z_call`, :class:`Power`); ``reason`` gives the
+  n it would need;
 * ``not testable here`` — the models or data needed are absent; ``reason`` says what is
   missing (e.g. "needs d >= 2048; the widest model here has d = 1536").
+
+The power rule (one rule, one place: :func:`z_call`). PGA z is measured against a null of
+random frames; its 95 % band is about ±2 in z units at every n, while |z| of a real effect
+grows with n. So a decision needs (1) the measured z outside its band (else: underpowered,
+with the n at which ``|z| ∝ n^a`` would clear the band) and (2) an n at which an effect of the
+papers' size, :data:`REFERENCE_Z` at :data:`REFERENCE_N` texts, would clear it (else the band
+hides exactly what the claim is about, whatever z came out). ``a`` is
+:data:`DEFAULT_Z_GROWTH` unless ``claims --n-ladder`` measured it for the model.
 """
 
 from __future__ import annotations
@@ -28,7 +40,19 @@ SUPPORTED = "supported"
 CONTRADICTED = "contradicted"
 INCONCLUSIVE = "inconclusive"
 NOT_TESTABLE = "not testable here"
-VERDICTS = (SUPPORTED, CONTRADICTED, INCONCLUSIVE, NOT_TESTABLE)
+UNDERPOWERED = "underpowered"
+VERDICTS = (SUPPORTED, CONTRADICTED, INCONCLUSIVE, UNDERPOWERED, NOT_TESTABLE)
+
+#: the papers' effect at their setting, the yardstick of "can this n see it": a collapse
+#: zone (or a mid-layer peak) of |z| = 10 at n = 256 texts (k = 100, CCR-1, last pooling).
+#: An independent reference implementation measured |z| above 10 in Gemma-3-270M's zone at
+#: that setting (issue 34); the PGA paper reports peaks of 9-24 and zones down to -32 on
+#: Pythia, so 10 is the small end of what the claims are about.
+REFERENCE_N = 256
+REFERENCE_Z = 10.0
+#: growth exponent ``a`` of a fixed effect's ``|z| ∝ n^a`` when no n-ladder measured it (the
+#: value measured on SmolLM2-135M, benchmarks/RESULTS.md "z growth with n")
+DEFAULT_Z_GROWTH = 1.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +88,13 @@ class ClaimVerdict:
         models: the models the verdict rests on.
         seed: the seed of any sampling behind the estimate (``None`` when none).
         details: free-form extra numbers (per-model values ...), kept in the manifest.
+        n: the number of texts the decision rests on (PGA claims; ``nan`` otherwise).
+        band_half_width: half the width of the null band (z units) at the decisive layer.
+        min_effect_z: the smallest effect this n can resolve, as the |z| it would have at
+            :data:`REFERENCE_N` texts (so runs at different n compare): ``band_half_width ×
+            (REFERENCE_N / n)^a``.
+        n_needed: for an ``underpowered`` verdict, the n at which the decision could be made
+            (``nan`` otherwise, ``inf`` when the measured z shows no trend to extrapolate).
     """
 
     claim: str
@@ -79,6 +110,10 @@ class ClaimVerdict:
     models: tuple[ModelInfo, ...] = ()
     seed: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    n: float = math.nan
+    band_half_width: float = math.nan
+    min_effect_z: float = math.nan
+    n_needed: float = math.nan
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -122,6 +157,73 @@ def verdict_from_interval(low: float, high: float, threshold: float, direction: 
     return INCONCLUSIVE
 
 
+@dataclass(frozen=True)
+class Power:
+    """What ``n`` texts can resolve in PGA z: ``|z|`` of a fixed effect grows as ``n^growth``
+    (``source`` says whether the exponent was measured, by an n-ladder, or assumed)."""
+
+    n: int
+    growth: float = DEFAULT_Z_GROWTH
+    source: str = "assumed"
+
+    def __post_init__(self) -> None:
+        if not self.growth > 0:
+            object.__setattr__(self, "growth", DEFAULT_Z_GROWTH)
+            object.__setattr__(self, "source", "assumed")
+
+    def scale(self, z: float, to_n: float) -> float:
+        """``|z|`` measured at this n, grown (or shrunk) to ``to_n`` texts."""
+        return abs(z) * (to_n / self.n) ** self.growth
+
+    def n_to_clear(self, z: float, half_width: float) -> float:
+        """The n at which an effect of ``|z|`` here would clear a band of ``half_width``
+        (``inf`` for ``z = 0``)."""
+        if not abs(z) > 0:
+            return math.inf
+        return float(math.ceil(self.n * (half_width / abs(z)) ** (1.0 / self.growth)))
+
+    def reference_visible(self, half_width: float) -> bool:
+        """Whether an effect of the papers' size would clear the band at this n."""
+        return REFERENCE_Z * (self.n / REFERENCE_N) ** self.growth > half_width
+
+    def describe(self) -> str:
+        return f"|z| ∝ n^{self.growth:g}, {self.source}"
+
+
+def z_call(z: float, lo: float, hi: float, direction: str, power: Power | None
+           ) -> tuple[str, str, dict[str, float]]:
+    """The verdict of "z is ``direction`` 0" for a z with its null band ``[lo, hi]`` (the
+    null's 2.5 / 97.5 % points in z units), with the power rule (module docstring).
+
+    Returns ``(verdict, note, numbers)``: ``note`` is empty for a decided verdict, else it says
+    why the n is not enough and what n would be; ``numbers`` holds ``band_half_width``,
+    ``min_effect_z`` and ``n_needed`` (see :class:`ClaimVerdict`)."""
+    base = verdict_from_interval(z - hi, z - lo, 0.0, direction)
+    half = (hi - lo) / 2 if math.isfinite(hi - lo) else math.nan
+    if power is None or not math.isfinite(half) or not math.isfinite(z):
+        return base, "", {"band_half_width": half}
+    centre = (hi + lo) / 2
+    nums = {"band_half_width": half, "min_effect_z": power.scale(half, REFERENCE_N),
+            "n_needed": math.nan}
+    if not power.reference_visible(half):
+        need = float(math.ceil(REFERENCE_N * (half / REFERENCE_Z) ** (1.0 / power.growth)))
+        nums["n_needed"] = need
+        here = REFERENCE_Z * (power.n / REFERENCE_N) ** power.growth
+        note = (f"n={power.n} cannot resolve an effect of the papers' size: |z| ≈ "
+                f"{REFERENCE_Z:g} at n={REFERENCE_N} is ≈ {here:.2f} here, inside the null band "
+                f"±{half:.2f}; needs n ≥ {need:.0f} ({power.describe()})")
+        return UNDERPOWERED, note, nums
+    if base == INCONCLUSIVE:  # z inside its null band
+        need = power.n_to_clear(z - centre, half)
+        nums["n_needed"] = need
+        where = (f"needs n ≈ {need:.0f}" if math.isfinite(need)
+                 else "no trend to extrapolate a needed n from")
+        note = (f"z {z:.2f} inside the null band ±{half:.2f} at n={power.n}; {where} "
+                f"({power.describe()})")
+        return UNDERPOWERED, note, nums
+    return base, "", nums
+
+
 def not_testable(claim: str, statement: str, reason: str, *,
                  models: tuple[ModelInfo, ...] = (), quantity: str = "") -> ClaimVerdict:
     """A ``not testable here`` verdict with its reason."""
@@ -130,6 +232,7 @@ def not_testable(claim: str, statement: str, reason: str, *,
 
 
 __all__ = [
-    "CONTRADICTED", "INCONCLUSIVE", "NOT_TESTABLE", "SUPPORTED", "VERDICTS", "ClaimVerdict",
-    "ModelInfo", "not_testable", "verdict_from_interval",
+    "CONTRADICTED", "DEFAULT_Z_GROWTH", "INCONCLUSIVE", "NOT_TESTABLE", "REFERENCE_N",
+    "REFERENCE_Z", "SUPPORTED", "UNDERPOWERED", "VERDICTS", "ClaimVerdict", "ModelInfo",
+    "Power", "not_testable", "verdict_from_interval", "z_call",
 ]

@@ -17,23 +17,54 @@ Confidence intervals, by kind (each row's ``reason`` says which):
   layers: a seeded percentile bootstrap that resamples the layers.
 * **folds** — a probe accuracy: the t-interval over the cross-validation folds.
 
+Every z-based decision goes through the power rule (:func:`lmgeom.metrics.claims.z_call`):
+a z inside its null band, or a band wider than an effect of the papers' size at this n, gives
+``underpowered`` with the n it would need, never supported or contradicted. Each rule takes
+``powers`` (model name → :class:`~lmgeom.metrics.claims.Power`); without it the n comes from
+the table (the ``n`` of the model's ``pc1_share`` rows) and the growth exponent is assumed.
+
 Across models a claim is ``supported`` / ``contradicted`` when every model tested gives that
-verdict; otherwise ``inconclusive`` (the evidence is split); per-model verdicts are in the reason.
+verdict; ``underpowered`` when the others agree and some need more texts; otherwise
+``inconclusive`` (the evidence is split); per-model verdicts are in the reason.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
-from .claims import CONTRADICTED, INCONCLUSIVE, NOT_TESTABLE, SUPPORTED  # noqa: I001
-from .claims import ClaimVerdict, ModelInfo, not_testable, verdict_from_interval
-from .regime import collapse_profile
+from .claims import (
+    CONTRADICTED,
+    INCONCLUSIVE,
+    SUPPORTED,
+    UNDERPOWERED,
+    ClaimVerdict,
+    ModelInfo,
+    Power,
+    not_testable,
+    verdict_from_interval,
+    z_call,
+)
+from .claims_profile import (
+    NOT_MEANINGFUL,
+    Call,
+    all_of,
+    bootstrap_ci,
+    collapse_of,
+    every_z,
+    final_index,
+    flagged_out,
+    over_models,
+    plain_rows,
+    power_of,
+    spearman,
+    z_of,
+    z_profile,
+)
 
 #: P1 and the wide half of P8: "wide" models
 WIDE_D = 2048
@@ -41,8 +72,6 @@ WIDE_D = 2048
 NARROW_D = 1024
 #: P4: CCR-5/10 restoration
 P4_D = 768
-#: the primary setting (the method's default CCR-1)
-PRIMARY = "ccr=1"
 #: P5: |Spearman(z, spectral metric)| over the swing below this = "flat where PGA swings"
 P5_MAX_RHO = 0.5
 P5_METRICS = ("rankme", "alpha_req", "isoscore", "mean_cosine")
@@ -56,9 +85,6 @@ P7_MIN_Z = 1.96
 P8_KEEP = 0.9
 #: P8.wide: Spearman(probe accuracy, z) over layers above this = "follows z"
 P8_MIN_RHO = 0.5
-N_BOOT = 2000
-#: the flag code of a z that is not meaningful (:mod:`lmgeom.metrics.sample_size`)
-NOT_MEANINGFUL = "k_rank"
 
 STATEMENTS: dict[str, str] = {
     "P1": "models with d >= 2048 keep PGA z significantly positive through the intermediate layers",
@@ -83,108 +109,6 @@ CI_FOLDS = "CI: t-interval over CV folds"
 # --------------------------------------------------------------------------- helpers
 
 
-@dataclass(frozen=True)
-class Call:
-    """One model's verdict on a claim, before the claim's verdict over models."""
-
-    model: ModelInfo
-    verdict: str
-    estimate: float
-    ci_low: float
-    ci_high: float
-    note: str
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def all_of(verdicts: Sequence[str]) -> str:
-    """Verdict of a conjunction: contradicted when any part is, supported when all are,
-    else inconclusive (``not testable here`` when there is no part)."""
-    if not verdicts:
-        return NOT_TESTABLE
-    if CONTRADICTED in verdicts:
-        return CONTRADICTED
-    if all(v == SUPPORTED for v in verdicts):
-        return SUPPORTED
-    return INCONCLUSIVE
-
-
-def over_models(verdicts: Sequence[str]) -> str:
-    """Verdict over models: the common verdict when all agree, else inconclusive (split)."""
-    vs = [v for v in verdicts if v != NOT_TESTABLE]
-    if not vs:
-        return NOT_TESTABLE
-    return vs[0] if all(v == vs[0] for v in vs) else INCONCLUSIVE
-
-
-def bootstrap_ci(values: Sequence[float], stat, *, seed: int, n_boot: int = N_BOOT,
-                 level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap CI of ``stat(values[idx])`` over resampled indices (seeded);
-    ``(v, v)`` for one value."""
-    x = np.asarray(values, dtype=float)
-    if x.shape[0] == 0:
-        return math.nan, math.nan
-    if x.shape[0] == 1:
-        v = float(stat(x))
-        return v, v
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, x.shape[0], size=(n_boot, x.shape[0]))
-    boots = np.array([stat(x[i]) for i in idx], dtype=float)
-    boots = boots[np.isfinite(boots)]
-    if boots.size == 0:
-        return math.nan, math.nan
-    a = (1 - level) / 2
-    return float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a))
-
-
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman correlation (average ranks; NaN when either side is constant)."""
-    ra = pd.Series(np.asarray(a, dtype=float)).rank().to_numpy()
-    rb = pd.Series(np.asarray(b, dtype=float)).rank().to_numpy()
-    if ra.std() == 0 or rb.std() == 0:
-        return math.nan
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
-def _plain(df: pd.DataFrame, model: str, metric: str, setting: str | None = None) -> pd.DataFrame:
-    """Plain layer rows (``0..L``, ``final``) of one model and metric, in layer order."""
-    sel = ((df["model"].astype(str) == model) & (df["metric"] == metric)
-           & (df["layer_index"] >= 0)
-           & ~df["layer"].astype(str).str.contains(".", regex=False))
-    if setting is not None:
-        sel &= df["setting"].astype(str) == setting
-    rows = df.loc[sel]
-    rows = rows[np.isfinite(rows["value"].astype(float))]
-    return rows.drop_duplicates("layer_index", keep="first").sort_values("layer_index")
-
-
-def z_profile(df: pd.DataFrame, model: str, setting: str = PRIMARY) -> pd.DataFrame:
-    """One model's PGA z per layer with its null band: columns ``layer``, ``layer_index``,
-    ``z``, ``lo``, ``hi`` (``lo`` / ``hi``: the null's 2.5 / 97.5 % points in z units;
-    ±1.96 where the table has no band), layer order. Layers flagged ``k_rank`` (k at or above
-    the rank of the states, where z is not meaningful) are left out."""
-    z = _plain(df, model, "pga_z", setting)
-    if "flag" in z.columns:  # k >= the states' rank: z is not meaningful there (no evidence)
-        z = z[~z["flag"].astype(str).str.contains(NOT_MEANINGFUL, regex=False)]
-    z = z[["layer", "layer_index", "value"]].rename(columns={"value": "z"})
-    for metric, col, default in (("null_z_low", "lo", -1.96), ("null_z_high", "hi", 1.96)):
-        band = _plain(df, model, metric, setting)[["layer_index", "value"]]
-        z = z.merge(band.rename(columns={"value": col}), on="layer_index", how="left")
-        z[col] = z[col].astype(float).fillna(default)
-    z["layer"] = z["layer"].astype(str)
-    return z.reset_index(drop=True)
-
-
-def _final_index(prof: pd.DataFrame) -> int:
-    labels = list(prof["layer"])
-    return int(prof["layer_index"].iloc[labels.index("final")] if "final" in labels
-               else prof["layer_index"].max())
-
-
-def _every(prof: pd.DataFrame) -> tuple[float, float]:
-    """z-null interval of "z > 0 at every layer of ``prof``": the lowest bounds."""
-    return float((prof["z"] - prof["hi"]).min()), float((prof["z"] - prof["lo"]).min())
-
-
 def _claim(claim: str, calls: Sequence[Call], *, quantity: str, threshold: float,
            direction: str, ci: str, seed: int | None = None, prefix: str = "",
            statement: str | None = None) -> ClaimVerdict:
@@ -203,6 +127,15 @@ def _claim(claim: str, calls: Sequence[Call], *, quantity: str, threshold: float
     per = "; ".join(f"{c.model.name} (d={c.model.d}): {c.verdict} — {c.note}" for c in calls)
     split = " (evidence split across models)" if (
         verdict == INCONCLUSIVE and len({c.verdict for c in calls}) > 1) else ""
+    # the power numbers of the call the verdict turns on: an underpowered model's (the n
+    # it needs) when the verdict is underpowered, else the weakest model's
+    under = [c for c in calls if c.verdict == UNDERPOWERED]
+    key = max(under, key=lambda c: c.extra.get("n_needed", math.nan)
+              if math.isfinite(c.extra.get("n_needed", math.nan)) else math.inf) \
+        if verdict == UNDERPOWERED and under else weakest
+    nums = {f: float(key.extra.get(f, math.nan))
+            for f in ("band_half_width", "min_effect_z", "n_needed")}
+    ns = [float(c.extra["n"]) for c in calls if "n" in c.extra]
     return ClaimVerdict(
         claim=claim, statement=statement or STATEMENTS[claim], verdict=verdict,
         reason=f"{prefix}{per}{split}; {ci}", quantity=quantity,
@@ -210,7 +143,8 @@ def _claim(claim: str, calls: Sequence[Call], *, quantity: str, threshold: float
         threshold=threshold, direction=direction, models=tuple(c.model for c in calls),
         seed=seed, details={c.model.name: {"verdict": c.verdict, "estimate": c.estimate,
                                            "ci": [c.ci_low, c.ci_high], "note": c.note, **c.extra}
-                            for c in calls})
+                            for c in calls},
+        n=min(ns) if ns else math.nan, **nums)
 
 
 def _widest(infos: Sequence[ModelInfo], what: str = "widest") -> str:
@@ -220,15 +154,11 @@ def _widest(infos: Sequence[ModelInfo], what: str = "widest") -> str:
     return f"the {what} model here has d = {w.d} ({w.name})"
 
 
-def _zone(prof: pd.DataFrame):
-    """The collapse profile (:func:`~lmgeom.metrics.regime.collapse_profile`) of a z profile."""
-    return collapse_profile(list(prof["layer"]), list(prof["z"]))
-
-
 # --------------------------------------------------------------------------- P1, P2, P4
 
 
-def p1_wide_stay_positive(df: pd.DataFrame, infos: Sequence[ModelInfo]) -> ClaimVerdict:
+def p1_wide_stay_positive(df: pd.DataFrame, infos: Sequence[ModelInfo], *,
+                          powers: Mapping[str, Power] | None = None) -> ClaimVerdict:
     """P1: in every model with d >= 2048, z (CCR-1) is above its null band at every
     intermediate layer (1 .. L-1: no embedding, no last block, no final point)."""
     wide = [m for m in infos if m.d >= WIDE_D]
@@ -238,50 +168,60 @@ def p1_wide_stay_positive(df: pd.DataFrame, infos: Sequence[ModelInfo]) -> Claim
     calls = []
     for m in wide:
         prof = z_profile(df, m.name)
-        last = m.n_layers or _final_index(prof) - 1
+        if prof.empty:
+            calls.append(flagged_out(m, df))
+            continue
+        last = m.n_layers or final_index(prof) - 1
         mid = prof[(prof["layer_index"] >= 1) & (prof["layer_index"] <= last - 1)]
         if mid.empty:
             calls.append(Call(m, INCONCLUSIVE, math.nan, math.nan, math.nan,
                               "no intermediate-layer z"))
             continue
-        lo, hi = _every(mid)
-        k = int(mid["z"].to_numpy().argmin())
-        calls.append(Call(m, verdict_from_interval(lo, hi, 0.0, ">"), float(mid["z"].iloc[k]),
-                          lo, hi, f"min z {mid['z'].iloc[k]:.2f} at layer {mid['layer'].iloc[k]}"))
+        calls.append(every_z(m, mid, power_of(df, m, powers), "min z"))
     return _claim("P1", calls, quantity="min CCR-1 z over intermediate layers", threshold=0.0,
                   direction=">", ci=CI_Z)
 
 
-def _p2_call(m: ModelInfo, prof: pd.DataFrame) -> Call:
-    f = _zone(prof)
+def _p2_call(m: ModelInfo, prof: pd.DataFrame, power: Power | None) -> Call:
+    f = collapse_of(prof)
     fin = prof[prof["layer"] == (f.final_layer or "")]
     if not f.zones:
         after = prof[prof["layer"].isin(f.after)]
         if after.empty:
-            return Call(m, CONTRADICTED, math.nan, math.nan, math.nan,
-                        f"no collapse zone (peak at the last non-final layer {f.peak_layer})")
+            peak = prof[prof["layer"] == f.peak_layer].iloc[0]
+            c = z_of(m, peak, ">", power, f"no collapse zone (peak z {f.peak_z:.2f} at the last "
+                     f"non-final layer {f.peak_layer})")
+            return replace(c, verdict=UNDERPOWERED if c.verdict == UNDERPOWERED else CONTRADICTED,
+                           estimate=math.nan, ci_low=math.nan, ci_high=math.nan)
         k = int(after["z"].to_numpy().argmin())
-        r = after.iloc[k]
-        return Call(m, CONTRADICTED, float(r.z), float(r.z - r.hi), float(r.z - r.lo),
-                    f"no collapse zone: lowest z after the peak {r.z:.2f} at layer {r.layer}")
+        c = z_of(m, after.iloc[k], "<", power, f"no collapse zone: lowest z after the peak "
+                 f"{after['z'].iloc[k]:.2f} at layer {after['layer'].iloc[k]}")
+        if c.verdict == SUPPORTED:  # below its band, but too short for the zone rule
+            return replace(c, verdict=INCONCLUSIVE, note=c.note + " (below its band, but "
+                           "shorter than the zone rule asks)")
+        return c
     worst = min(f.zones, key=lambda zn: zn.min_z)
     r = prof[prof["layer"] == worst.min_layer].iloc[0]
-    zone_lo, zone_hi = float(r.z - r.hi), float(r.z - r.lo)
-    v_zone = verdict_from_interval(zone_lo, zone_hi, 0.0, "<")
+    zone = z_of(m, r, "<", power, "zone")
     if fin.empty:
         v_fin, fin_note = INCONCLUSIVE, "no final layer"
     else:
         q = fin.iloc[0]
-        v_fin = verdict_from_interval(float(q.z - q.hi), float(q.z - q.lo), 0.0, ">")
-        fin_note = f"final z {q.z:.2f} ({'recovers' if v_fin == SUPPORTED else v_fin})"
+        fc = z_of(m, q, ">", power, "final")
+        v_fin = fc.verdict
+        fin_note = (f"final z {q.z:.2f} ({'recovers' if v_fin == SUPPORTED else v_fin})"
+                    + (f"; {fc.note.split('; ', 1)[1]}" if "; " in fc.note else ""))
     zones = ", ".join(f"{zn.layers[0]}-{zn.layers[-1]}" if len(zn.layers) > 1 else zn.layers[0]
                       for zn in f.zones)
-    return Call(m, all_of([v_zone, v_fin]), float(r.z), zone_lo, zone_hi,
-                f"collapse zone {zones} (min z {r.z:.2f} at layer {r.layer}, {v_zone}); "
-                f"{fin_note}", {"zone_layers": [list(zn.layers) for zn in f.zones]})
+    why = zone.note.split("; ", 1)[1] if "; " in zone.note else ""
+    return Call(m, all_of([zone.verdict, v_fin]), float(r.z), zone.ci_low, zone.ci_high,
+                f"collapse zone {zones} (min z {r.z:.2f} at layer {r.layer}, {zone.verdict}"
+                + (f": {why}" if why else "") + f"); {fin_note}",
+                {"zone_layers": [list(zn.layers) for zn in f.zones], **zone.extra})
 
 
-def p2_narrow_collapse(df: pd.DataFrame, infos: Sequence[ModelInfo]) -> ClaimVerdict:
+def p2_narrow_collapse(df: pd.DataFrame, infos: Sequence[ModelInfo], *,
+                       powers: Mapping[str, Power] | None = None) -> ClaimVerdict:
     """P2: every model with d <= 1024 has a collapse zone (the regime rule on CCR-1 z) whose
     lowest z is below its null band, and a final-layer z above its null band."""
     narrow = [m for m in infos if m.d <= NARROW_D]
@@ -289,13 +229,18 @@ def p2_narrow_collapse(df: pd.DataFrame, infos: Sequence[ModelInfo]) -> ClaimVer
         return not_testable("P2", STATEMENTS["P2"], f"needs d <= {NARROW_D}; "
                             f"{_widest(infos, 'narrowest')}", models=tuple(infos),
                             quantity="min CCR-1 z in the collapse zone")
-    calls = [_p2_call(m, z_profile(df, m.name)) for m in narrow]
+    calls = []
+    for m in narrow:
+        prof = z_profile(df, m.name)
+        calls.append(_p2_call(m, prof, power_of(df, m, powers)) if not prof.empty
+                     else flagged_out(m, df))
     return _claim("P2", calls, quantity="min CCR-1 z in the collapse zone", threshold=0.0,
                   direction="<", ci=CI_Z + "; the final layer must be above its band")
 
 
 def p4_ccr_restores(df: pd.DataFrame, infos: Sequence[ModelInfo],
-                    levels: Sequence[int] = (5, 10)) -> ClaimVerdict:
+                    levels: Sequence[int] = (5, 10), *,
+                    powers: Mapping[str, Power] | None = None) -> ClaimVerdict:
     """P4: for every model with d >= 768, at each of CCR-5 and CCR-10, z is above its null
     band at every layer (0 .. L and final)."""
     wide = [m for m in infos if m.d >= P4_D]
@@ -304,23 +249,22 @@ def p4_ccr_restores(df: pd.DataFrame, infos: Sequence[ModelInfo],
                             models=tuple(infos), quantity="min CCR-5/10 z over all layers")
     calls = []
     for m in wide:
-        parts = []
+        parts: list[tuple[int, Call]] = []
+        power = power_of(df, m, powers)
         for lev in levels:
             prof = z_profile(df, m.name, f"ccr={lev}")
-            if prof.empty:
-                continue
-            lo, hi = _every(prof)
-            k = int(prof["z"].to_numpy().argmin())
-            parts.append((lev, verdict_from_interval(lo, hi, 0.0, ">"), float(prof["z"].iloc[k]),
-                          lo, hi, str(prof["layer"].iloc[k])))
+            if not prof.empty:
+                parts.append((lev, every_z(m, prof, power, "min z")))
         if not parts:
-            calls.append(Call(m, INCONCLUSIVE, math.nan, math.nan, math.nan,
+            has_rows = any(len(plain_rows(df, m.name, "pga_z", f"ccr={lev}")) for lev in levels)
+            calls.append(flagged_out(m, df, f"ccr={levels[-1]}") if has_rows else
+                         Call(m, INCONCLUSIVE, math.nan, math.nan, math.nan,
                               "no CCR-5/10 rows (run with --ccr 0,1,5,10)"))
             continue
-        w = min(parts, key=lambda t: t[3])
-        note = "; ".join(f"CCR-{lev}: min z {z:.2f} at layer {lab} ({v})"
-                         for lev, v, z, _, _, lab in parts)
-        calls.append(Call(m, all_of([p[1] for p in parts]), w[2], w[3], w[4], note))
+        w = min(parts, key=lambda t: t[1].ci_low)[1]
+        note = "; ".join(f"CCR-{lev}: {c.note} ({c.verdict})" for lev, c in parts)
+        calls.append(Call(m, all_of([c.verdict for _, c in parts]), w.estimate, w.ci_low,
+                          w.ci_high, note, w.extra))
     return _claim("P4", calls, quantity="min CCR-5/10 z over all layers", threshold=0.0,
                   direction=">", ci=CI_Z)
 
@@ -328,24 +272,45 @@ def p4_ccr_restores(df: pd.DataFrame, infos: Sequence[ModelInfo],
 # --------------------------------------------------------------------------- P3, P5, P8
 
 
-def _zone_layers(df: pd.DataFrame, m: ModelInfo) -> list[str]:
+def zone_of(df: pd.DataFrame, m: ModelInfo, powers: Mapping[str, Power] | None = None
+            ) -> tuple[list[str], Call | None]:
+    """A model's collapse zone as P3 / P8 use it: its layers when the zone rule finds one and
+    its lowest z is decided below the null band; else ``[]`` and, when this n cannot tell
+    whether there is a zone (or no z is usable), the call that says so."""
     prof = z_profile(df, m.name)
+    if prof.empty:
+        return [], flagged_out(m, df)
     if len(prof) < 2:
-        return []
-    return [lab for zn in _zone(prof).zones for lab in zn.layers]
+        return [], None
+    power = power_of(df, m, powers)
+    f = collapse_of(prof)
+    if f.zones:
+        worst = min(f.zones, key=lambda zn: zn.min_z)
+        c = z_of(m, prof[prof["layer"] == worst.min_layer].iloc[0], "<", power,
+                 f"zone min z {worst.min_z:.2f} at layer {worst.min_layer}")
+        if c.verdict == SUPPORTED:
+            return [lab for zn in f.zones for lab in zn.layers], None
+    else:
+        c = _p2_call(m, prof, power)
+    if c.verdict == UNDERPOWERED:
+        return [], replace(c, estimate=math.nan, ci_low=math.nan, ci_high=math.nan,
+                           note=f"no collapse zone resolved at this n ({c.note})")
+    return [], None
 
 
-def p3_pc1_leaves_readout(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed: int = 0
-                          ) -> ClaimVerdict:
+def p3_pc1_leaves_readout(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed: int = 0,
+                          powers: Mapping[str, Power] | None = None) -> ClaimVerdict:
     """P3: in each model's collapse zone, the mean over the zone's layers of PC1's readout
     share divided by its random baseline k/d is below 1 (bootstrap over the zone's layers)."""
     calls = []
     for m in infos:
-        zone = _zone_layers(df, m)
+        zone, pending = zone_of(df, m, powers)
         if not zone:
+            if pending is not None:
+                calls.append(pending)
             continue
-        share = _plain(df, m.name, "pc1_share").set_index("layer")["value"]
-        base = _plain(df, m.name, "pc1_baseline").set_index("layer")["value"]
+        share = plain_rows(df, m.name, "pc1_share").set_index("layer")["value"]
+        base = plain_rows(df, m.name, "pc1_baseline").set_index("layer")["value"]
         have = [lab for lab in zone if lab in share.index and lab in base.index]
         if not have:
             calls.append(Call(m, INCONCLUSIVE, math.nan, math.nan, math.nan, "no PC1 rows"))
@@ -366,7 +331,9 @@ def p3_pc1_leaves_readout(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed:
 def _swing(prof: pd.DataFrame) -> pd.DataFrame:
     """The non-final layers from the z peak on (all non-final ones when fewer than
     :data:`MIN_LAYERS`)."""
-    nf = prof[prof["layer_index"] != _final_index(prof)]
+    if prof.empty:
+        return prof
+    nf = prof[prof["layer_index"] != final_index(prof)]
     if nf.empty:
         return nf
     peak = int(nf["z"].to_numpy().argmax())
@@ -374,21 +341,25 @@ def _swing(prof: pd.DataFrame) -> pd.DataFrame:
     return after if len(after) >= MIN_LAYERS else nf
 
 
-def p5_spectral_flat(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed: int = 0
-                     ) -> ClaimVerdict:
+def p5_spectral_flat(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed: int = 0,
+                     powers: Mapping[str, Power] | None = None) -> ClaimVerdict:
     """P5: over the layers where z swings (from its peak on), no spectral metric follows z:
     max over metrics of |Spearman(z, metric)| across those layers is below 0.5 (bootstrap
     over layers). A model whose z does not swing beyond its null band is inconclusive."""
     calls = []
     for m in infos:
-        win = _swing(z_profile(df, m.name))
+        prof = z_profile(df, m.name)
+        if prof.empty:
+            calls.append(flagged_out(m, df))
+            continue
+        win = _swing(prof)
         if len(win) < MIN_LAYERS:
             calls.append(Call(m, INCONCLUSIVE, math.nan, math.nan, math.nan,
                               f"fewer than {MIN_LAYERS} layers"))
             continue
         mets = {}
         for name in P5_METRICS:
-            s = _plain(df, m.name, name).set_index("layer_index")["value"]
+            s = plain_rows(df, m.name, name).set_index("layer_index")["value"]
             if set(win["layer_index"]) <= set(s.index):
                 mets[name] = s.loc[list(win["layer_index"])].to_numpy(dtype=float)
         if not mets:
@@ -407,9 +378,23 @@ def p5_spectral_flat(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed: int 
         band = float((win["hi"] - win["lo"]).mean())
         swing = float(z.max() - z.min())
         rhos = ", ".join(f"{n} {spearman(z, v):+.2f}" for n, v in mets.items())
-        if not swing > band:
-            calls.append(Call(m, INCONCLUSIVE, est, lo, hi, f"z swings only {swing:.2f} "
-                              f"(null band {band:.2f}); rho: {rhos}"))
+        power = power_of(df, m, powers)
+        if power is not None and not power.reference_visible(band / 2):
+            _, why, nums = z_call(float(z[0]), float(win["lo"].mean()),
+                                  float(win["hi"].mean()), ">", power)
+            calls.append(Call(m, UNDERPOWERED, est, lo, hi, f"z swings {swing:.2f}; {why}; "
+                              f"rho: {rhos}", {**nums, "n": float(power.n)}))
+            continue
+        if not swing > band:  # the swing the claim is about is not resolved at this n
+            need = power.n_to_clear(swing, band) if power is not None else math.nan
+            extra = {"band_half_width": band / 2, "n_needed": need}
+            if power is not None:
+                extra |= {"n": float(power.n), "min_effect_z": power.scale(band / 2, 256)}
+            calls.append(Call(m, UNDERPOWERED if power is not None else INCONCLUSIVE, est, lo,
+                              hi, f"z swings only {swing:.2f} (null band {band:.2f})"
+                              + (f"; needs n ≈ {need:.0f} ({power.describe()})"
+                                 if power is not None and math.isfinite(need) else "")
+                              + f"; rho: {rhos}", extra))
             continue
         calls.append(Call(m, verdict_from_interval(lo, hi, P5_MAX_RHO, "<"), est, lo, hi,
                           f"z swings {swing:.2f} over layers {win['layer'].iloc[0]}-"
@@ -421,8 +406,8 @@ def p5_spectral_flat(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed: int 
                   seed=seed)
 
 
-def p8_probes(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed: int = 0
-              ) -> list[ClaimVerdict]:
+def p8_probes(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed: int = 0,
+              powers: Mapping[str, Power] | None = None) -> list[ClaimVerdict]:
     """P8 (narrow half) and P8.wide.
 
     P8: in each model's collapse zone the lowest probe accuracy is at least 0.9 × the best
@@ -432,14 +417,16 @@ def p8_probes(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed: int = 0
     why = "needs labelled texts (the linear probes); none here"
     narrow, wide = [], []
     for m in infos:
-        acc = _plain(df, m.name, "probe_acc")
+        acc = plain_rows(df, m.name, "probe_acc")
         if acc.empty:
             continue
         prof = z_profile(df, m.name)
-        fi = _final_index(prof) if len(prof) else -1
+        fi = final_index(prof) if len(prof) else -1
         nf = acc[acc["layer_index"] != fi]
         best = float(nf["value"].max()) if not nf.empty else math.nan
-        zone = _zone_layers(df, m)
+        zone, pending = zone_of(df, m, powers)
+        if pending is not None and m.d <= NARROW_D and pending.verdict == UNDERPOWERED:
+            narrow.append(replace(pending, extra={**pending.extra, "threshold": math.nan}))
         if zone and m.d <= NARROW_D:
             za = acc[acc["layer"].astype(str).isin(zone)]
             if not za.empty:
@@ -464,11 +451,13 @@ def p8_probes(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed: int = 0
     out = []
     if narrow:
         # the threshold differs per model (0.9 x its best): the row shows the weakest model's
+        decided = [c for c in narrow if math.isfinite(c.extra["threshold"])]
+        weakest = (min(decided, key=lambda c: c.ci_low - c.extra["threshold"]) if decided
+                   else narrow[0])
         v = _claim("P8", narrow, quantity="lowest probe accuracy in the collapse zone",
-                   threshold=narrow[0].extra["threshold"], direction=">", ci=CI_FOLDS,
+                   threshold=weakest.extra["threshold"], direction=">", ci=CI_FOLDS,
                    prefix=f"narrow half only (the wide half is P8.wide); threshold {P8_KEEP} x "
                           "each model's best non-final layer; ")
-        weakest = min(narrow, key=lambda c: c.ci_low - c.extra["threshold"])
         out.append(replace(v, threshold=weakest.extra["threshold"]))
     else:
         reason = why if not has else "no model with d <= 1024 here has a collapse zone (P2)"
@@ -520,8 +509,8 @@ def p6_width_suite(sweep: pd.DataFrame | None, infos: Sequence[ModelInfo] = (),
         prof = z_profile(sweep[sweep["revision"].astype(str) == last], w)
         if len(prof) < 2:
             continue
-        f = _zone(prof)
-        nf = prof[prof["layer_index"] != _final_index(prof)]
+        f = collapse_of(prof)
+        nf = prof[prof["layer_index"] != final_index(prof)]
         regimes[w] = "detour" if f.zones else "direct"
         mins[w] = float(nf["z"].min())
         bands.append(float((nf["hi"] - nf["lo"]).mean()))
@@ -590,8 +579,7 @@ def p7_convergence(conv: pd.DataFrame | None, infos: Sequence[ModelInfo], *, see
 
 
 __all__ = [
-    "N_BOOT", "NARROW_D", "P4_D", "PRIMARY", "STATEMENTS", "WIDE_D", "Call", "all_of",
-    "bootstrap_ci", "over_models", "p1_wide_stay_positive", "p2_narrow_collapse",
+    "NARROW_D", "P4_D", "STATEMENTS", "WIDE_D", "p1_wide_stay_positive", "p2_narrow_collapse",
     "p3_pc1_leaves_readout", "p4_ccr_restores", "p5_spectral_flat", "p6_width_suite",
-    "p7_convergence", "p8_probes", "spearman", "z_profile",
+    "p7_convergence", "p8_probes", "zone_of",
 ]

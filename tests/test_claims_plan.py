@@ -1,0 +1,178 @@
+"""``lmgeom claims`` decides up front what the data can support (issue 36), on the bundled model:
+
+* a k that cannot fit n and the CCR levels is refused before any model loads, and the run
+  folder is not created; without ``--k`` the run takes the largest k that fits and says so once;
+* a model whose every layer is flagged (z not meaningful) gets ``not testable here`` with the
+  reason, and the model beside it still gives its verdict: no crash, claims.parquet written;
+* the layer sweep is kept in the cache: a rerun with other options reuses every layer;
+* the README's and the Makefile's quick-look commands run (with few texts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lmgeom.cli import main
+from lmgeom.metrics.claims import NOT_TESTABLE, UNDERPOWERED
+
+ROOT = Path(__file__).parents[1]
+QUICK = ["--n-null", "20", "--quiet"]
+
+
+def _cli(args: list[str], timeout: float = 1200) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"),
+                                                          os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "lmgeom.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_a_k_that_cannot_fit_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    from lmgeom.experiments.options import ModelOptions
+
+    loads: list[str] = []
+    monkeypatch.setattr(ModelOptions, "load", lambda self, spec: loads.append(spec))
+    out = tmp_path / "c"
+    t = time.perf_counter()
+    rc = main(["claims", "--model", "smollm2-135m", "--n", "16", "--k", "200", "--only", "P2",
+               "--out", str(out)])
+    took = time.perf_counter() - t
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "--k 200 does not fit 16 texts with CCR levels up to 10" in err
+    assert "use --k 4 or less" in err and "--n 212 or more" in err
+    assert loads == [] and not out.exists()  # no model, no run folder: nothing to clean up
+    print(f"refused in {took:.2f} s")
+    # the same rule in analyze and sweep, before their work
+    assert main(["analyze", "--model", "smollm2-135m", "--n", "16", "--k", "200",
+                 "--out", str(tmp_path / "a")]) == 2
+    assert "does not fit 16 texts" in capsys.readouterr().err and loads == []
+    assert not (tmp_path / "a").exists()
+
+
+def test_fit_k_rules():
+    from lmgeom.errors import ConfigError
+    from lmgeom.experiments.layer_sweep import fit_k
+
+    assert fit_k(None, n=512, ccr=(0, 1, 5, 10)) == (100, None)
+    k, note = fit_k(None, n=64, ccr=(0, 1, 5, 10))
+    assert k == 64 - 10 - 2 and "give --n 112 or more for k = 100" in note
+    assert fit_k(None, n=512, ccr=(1,), d=64) == (63, "k = 63, the width d = 64 minus one")
+    assert fit_k("auto", n=512, ccr=(1,), d=576)[0] == 100
+    assert fit_k("auto", n=512, ccr=(1,), d=256)[0] == 64
+    assert fit_k(48, n=64, ccr=(0, 1, 5, 10)) == (48, None)  # an explicit k that fits: as is
+    with pytest.raises(ConfigError, match="smaller than the width d = 32"):
+        fit_k(40, n=100, ccr=(1,), d=32)
+    with pytest.raises(ConfigError, match="use --k 52 or less, give --n 112 or more"):
+        fit_k(100, n=64, ccr=(0, 1, 5, 10))
+    with pytest.raises(ConfigError, match="too few for CCR levels up to 10"):
+        fit_k(None, n=12, ccr=(0, 10))
+
+
+@pytest.mark.slow
+def test_without_k_the_largest_that_fits_is_used_and_said_once(tmp_path):
+    out = tmp_path / "c16"
+    r = _cli(["claims", "--model", "smollm2-135m", "--n", "16", "--only", "P2", *QUICK[:2],
+              "--out", str(out)])
+    assert r.returncode == 0, r.stderr
+    said = [ln for ln in r.stderr.splitlines() if "k = 4 instead of 100" in ln]
+    assert len(said) == 1, r.stderr  # once, not per model or layer
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["readout_k"]["k"] == 4 and man["readout_k"]["k_asked"] is None
+    df = pd.read_parquet(out / "claims.parquet")
+    p2 = df[df.claim == "P2"].iloc[0]
+    # 16 texts cannot resolve an effect of the papers' size: no verdict from no data
+    assert p2.verdict == UNDERPOWERED, p2.reason
+    assert "k = 4 instead of 100" in p2.reason and p2.n == 16 and p2.n_needed > 16
+    layers = pd.read_parquet(out / "layers.parquet")
+    assert (layers[layers.metric == "pga_z"].flag.fillna("") == "").all()
+
+
+@pytest.mark.slow
+def test_an_all_flagged_model_beside_a_good_one(tiny_dir, tmp_path):
+    """k = 31 on a width-32 model: after CCR-1 its states have rank <= 31, so every layer is
+    flagged k_rank (z not meaningful); SmolLM2 (d = 576) beside it is measured as usual."""
+    tiny = str(tiny_dir("llama"))
+    out = tmp_path / "mixed"
+    r = _cli(["claims", "--model", "smollm2-135m", "--model", tiny, "--n", "40", "--k", "31",
+              "--ccr", "0,1", "--only", "P2,P3,P5", *QUICK, "--out", str(out)])
+    assert r.returncode == 0, r.stderr
+    df = pd.read_parquet(out / "claims.parquet").set_index("claim")
+    assert set(df.index) == {"P2", "P3", "P5"}
+    assert (out / "report.html").is_file()
+    man = json.loads((out / "manifest.json").read_text())
+    p2 = man["claims"]["P2"]["details"]
+    smol = next(k for k in p2 if "smol" in k.lower())
+    name = next(k for k in p2 if k != smol)
+    assert p2[name]["verdict"] == NOT_TESTABLE
+    assert "every layer is flagged k_rank" in p2[name]["note"]
+    assert p2[smol]["verdict"] != NOT_TESTABLE
+    assert df.loc["P2", "verdict"] != NOT_TESTABLE  # the good model decides the claim
+    assert "every layer is flagged k_rank" in df.loc["P5", "reason"]
+
+
+@pytest.mark.slow
+def test_a_rerun_with_other_options_reuses_the_sweep(tmp_path):
+    base = ["claims", "--model", "smollm2-135m", "--n", "24", *QUICK]
+    t = time.perf_counter()
+    r = _cli([*base, "--only", "P2", "--out", str(tmp_path / "one")])
+    first = time.perf_counter() - t
+    assert r.returncode == 0, r.stderr
+    t = time.perf_counter()
+    r = _cli([*base, "--only", "P2,P3", "--out", str(tmp_path / "two")])
+    again = time.perf_counter() - t
+    assert r.returncode == 0, r.stderr
+    tm = json.loads((tmp_path / "two" / "manifest.json").read_text())["timings"]
+    assert tm["pga.sweep.layers_computed[smollm2-135m]"] == 0
+    assert tm["pga.sweep.layers_cached[smollm2-135m]"] == 32  # points 0..30 and final
+    models = json.loads((tmp_path / "two" / "manifest.json").read_text())["loaded_models"]
+    assert models[0]["batches_cached"] >= 1  # and no forward pass: the activation cache
+    print(f"first run {first:.1f} s, rerun with other claims {again:.1f} s")
+
+
+def _quick_looks() -> list[list[str]]:
+    """The quick-look commands the README (a ``lmgeom claims`` line marked "a quick look")
+    and the Makefile's comments show."""
+    readme = (ROOT / "README.md").read_text()
+    cmds = [ln.split("#")[0] for ln in readme.splitlines()
+            if ln.startswith("lmgeom claims") and "quick look" in ln]
+    make = (ROOT / "Makefile").read_text()
+    cmds += re.findall(r"`(lmgeom claims [^`]*)` is the quick look", make)
+    return [shlex.split(c)[1:] for c in cmds]
+
+
+def test_the_quick_looks_are_found():
+    looks = _quick_looks()
+    assert len(looks) >= 2, looks
+    assert all(c[0] == "claims" for c in looks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(2))
+def test_each_quick_look_runs(i, tmp_path):
+    """Each quick look as written, with few texts (``--n 24``) and into a temporary folder."""
+    args = _quick_looks()[i]
+    if "--n" in args:
+        args[args.index("--n") + 1] = "24"
+    else:
+        args += ["--n", "24"]
+    if "--out" in args:
+        args[args.index("--out") + 1] = str(tmp_path / "q")
+    else:
+        args += ["--out", str(tmp_path / "q")]
+    r = _cli([*args, "--quiet"])
+    assert r.returncode == 0, r.stderr
+    df = pd.read_parquet(tmp_path / "q" / "claims.parquet")
+    assert len(df) > 0
+    # 24 texts decide no PGA claim: each says underpowered or what is missing
+    p = df[df.claim.str.startswith("P")]
+    assert set(p.verdict) <= {UNDERPOWERED, NOT_TESTABLE}, p[["claim", "verdict"]]
