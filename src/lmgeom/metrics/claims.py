@@ -21,11 +21,13 @@ Verdicts:
 
 The power rule (one rule, one place: :func:`z_call`). PGA z is measured against a null of
 random frames; its 95 % band is about ±2 in z units at every n, while |z| of a real effect
-grows with n. So a decision needs (1) the measured z outside its band (else: underpowered,
-with the n at which ``|z| ∝ n^a`` would clear the band) and (2) an n at which an effect of the
-papers' size, :data:`REFERENCE_Z` at :data:`REFERENCE_N` texts, would clear it (else the band
-hides exactly what the claim is about, whatever z came out). ``a`` is
-:data:`DEFAULT_Z_GROWTH` unless ``claims --n-ladder`` measured it for the model.
+barely grows with n (``|z| ∝ n^a``, a ≈ 0.2 measured), while its text-sampling error (which
+the band does not contain) shrinks as ``1/sqrt(n)``. So a decision needs (1) z clear of the
+band and of the 95 % sampling error combined (else: underpowered, with the n at which it would
+be) and (2) an n at which an effect of the papers' size, :data:`REFERENCE_Z` at
+:data:`REFERENCE_N` texts, would be decided (else the noise hides exactly what the claim is
+about, whatever z came out). ``a`` is :data:`DEFAULT_Z_GROWTH` unless the caller passes a
+:class:`Power` measured for the model (an n-ladder: the rules take ``powers``).
 """
 
 from __future__ import annotations
@@ -50,9 +52,16 @@ VERDICTS = (SUPPORTED, CONTRADICTED, INCONCLUSIVE, UNDERPOWERED, NOT_TESTABLE)
 #: Pythia, so 10 is the small end of what the claims are about.
 REFERENCE_N = 256
 REFERENCE_Z = 10.0
-#: growth exponent ``a`` of a fixed effect's ``|z| ∝ n^a`` when no n-ladder measured it (the
-#: value measured on SmolLM2-135M, benchmarks/RESULTS.md "z growth with n")
-DEFAULT_Z_GROWTH = 1.0
+#: growth exponent ``a`` of a fixed effect's ``|z| ∝ n^a`` when no n-ladder measured it:
+#: measured on SmolLM2-135M (``benchmarks/bench_z_growth.py``, k = 20, CCR-1, nested subsets
+#: of 256 ``builtin:domains`` texts): median slope of log|z| on log n over the layers with
+#: |z| > 3, 0.19 (quartiles 0.09-0.22). z hardly grows with n: more texts mostly shrink its
+#: sampling error (:data:`Z_SAMPLING_C`).
+DEFAULT_Z_GROWTH = 0.2
+#: text-sampling variance of z is about ``Z_SAMPLING_C / n``: from the same run, the variance
+#: over layers of z(n) - z(256) for nested subsets n = 32, 64, 128 gave C = 52, 73, 70
+#: (sd of z 1.05 at n = 64, 0.52 at n = 256)
+Z_SAMPLING_C = 70.0
 
 
 @dataclass(frozen=True)
@@ -159,35 +168,68 @@ def verdict_from_interval(low: float, high: float, threshold: float, direction: 
 
 @dataclass(frozen=True)
 class Power:
-    """What ``n`` texts can resolve in PGA z: ``|z|`` of a fixed effect grows as ``n^growth``
-    (``source`` says whether the exponent was measured, by an n-ladder, or assumed)."""
+    """What ``n`` texts can resolve in PGA z.
+
+    Two things limit a z decision. The null band (random frames, about ±2 in z units at any
+    n) is one; the other is the text sample itself: another draw of n texts gives another z,
+    with a variance of about ``sampling_c / n`` (:data:`Z_SAMPLING_C`, measured), which the
+    null band does not contain. A decision needs z clear of both, combined in quadrature
+    (:meth:`decision_half_width`). And ``|z|`` of a fixed effect grows only slowly with n,
+    as ``n^growth`` (:data:`DEFAULT_Z_GROWTH`); ``source`` says whether that was measured for
+    this model (an n-ladder) or assumed."""
 
     n: int
     growth: float = DEFAULT_Z_GROWTH
     source: str = "assumed"
+    sampling_c: float = Z_SAMPLING_C
 
     def __post_init__(self) -> None:
         if not self.growth > 0:
             object.__setattr__(self, "growth", DEFAULT_Z_GROWTH)
             object.__setattr__(self, "source", "assumed")
 
+    def sampling_sd(self, n: float | None = None) -> float:
+        """The text-sampling standard deviation of z at ``n`` texts (default: this n)."""
+        return math.sqrt(self.sampling_c / (n or self.n))
+
+    def decision_half_width(self, band_half_width: float, n: float | None = None) -> float:
+        """How far from the band's centre z must be to decide at ``n`` texts: the null band
+        and the 95 % text-sampling error combined, ``sqrt(h^2 + (1.96 sd)^2)``."""
+        return math.hypot(band_half_width, 1.96 * self.sampling_sd(n))
+
     def scale(self, z: float, to_n: float) -> float:
         """``|z|`` measured at this n, grown (or shrunk) to ``to_n`` texts."""
         return abs(z) * (to_n / self.n) ** self.growth
 
-    def n_to_clear(self, z: float, half_width: float) -> float:
-        """The n at which an effect of ``|z|`` here would clear a band of ``half_width``
-        (``inf`` for ``z = 0``)."""
-        if not abs(z) > 0:
+    def n_to_clear(self, z: float, half_width: float, cap: float = 1e7) -> float:
+        """The smallest n at which ``z`` (measured here, from the band's centre), grown as
+        ``n^growth``, would be decided against a band of ``half_width`` and the sampling error
+        at that n (``inf`` when not below ``cap``)."""
+        dev = abs(z)
+        if not dev > 0:
             return math.inf
-        return float(math.ceil(self.n * (half_width / abs(z)) ** (1.0 / self.growth)))
+
+        def clear(n: float) -> bool:
+            return self.scale(dev, n) > self.decision_half_width(half_width, n)
+
+        if not clear(cap):
+            return math.inf
+        lo, hi = 1.0, float(self.n)
+        while not clear(hi):
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:  # clear() is monotone in n: bisect to the first integer n
+            mid = math.floor((lo + hi) / 2)
+            lo, hi = (lo, mid) if clear(mid) else (mid, hi)
+        return float(math.ceil(hi))
 
     def reference_visible(self, half_width: float) -> bool:
-        """Whether an effect of the papers' size would clear the band at this n."""
-        return REFERENCE_Z * (self.n / REFERENCE_N) ** self.growth > half_width
+        """Whether an effect of the papers' size would be decided at this n."""
+        return (REFERENCE_Z * (self.n / REFERENCE_N) ** self.growth
+                > self.decision_half_width(half_width))
 
     def describe(self) -> str:
-        return f"|z| ∝ n^{self.growth:g}, {self.source}"
+        return (f"|z| ∝ n^{self.growth:g}, {self.source}; text-sampling sd of z "
+                f"{self.sampling_sd():.2f} at n={self.n}")
 
 
 def z_call(z: float, lo: float, hi: float, direction: str, power: Power | None
@@ -197,29 +239,35 @@ def z_call(z: float, lo: float, hi: float, direction: str, power: Power | None
 
     Returns ``(verdict, note, numbers)``: ``note`` is empty for a decided verdict, else it says
     why the n is not enough and what n would be; ``numbers`` holds ``band_half_width``,
-    ``min_effect_z`` and ``n_needed`` (see :class:`ClaimVerdict`)."""
+    ``decision_half_width``, ``min_effect_z`` and ``n_needed`` (see :class:`ClaimVerdict`)."""
     base = verdict_from_interval(z - hi, z - lo, 0.0, direction)
     half = (hi - lo) / 2 if math.isfinite(hi - lo) else math.nan
     if power is None or not math.isfinite(half) or not math.isfinite(z):
         return base, "", {"band_half_width": half}
     centre = (hi + lo) / 2
-    nums = {"band_half_width": half, "min_effect_z": power.scale(half, REFERENCE_N),
-            "n_needed": math.nan}
+    total = power.decision_half_width(half)
+    nums = {"band_half_width": half, "decision_half_width": total,
+            "min_effect_z": power.scale(total, REFERENCE_N), "n_needed": math.nan}
     if not power.reference_visible(half):
-        need = float(math.ceil(REFERENCE_N * (half / REFERENCE_Z) ** (1.0 / power.growth)))
+        need = Power(REFERENCE_N, power.growth, power.source,
+                     power.sampling_c).n_to_clear(REFERENCE_Z, half)
         nums["n_needed"] = need
         here = REFERENCE_Z * (power.n / REFERENCE_N) ** power.growth
         note = (f"n={power.n} cannot resolve an effect of the papers' size: |z| ≈ "
-                f"{REFERENCE_Z:g} at n={REFERENCE_N} is ≈ {here:.2f} here, inside the null band "
-                f"±{half:.2f}; needs n ≥ {need:.0f} ({power.describe()})")
+                f"{REFERENCE_Z:g} at n={REFERENCE_N} is ≈ {here:.2f} here, inside ±{total:.2f} "
+                f"(null band ±{half:.2f} with the text-sampling error); needs n ≥ "
+                f"{need:.0f} ({power.describe()})")
         return UNDERPOWERED, note, nums
-    if base == INCONCLUSIVE:  # z inside its null band
+    dev = abs(z - centre)
+    if base == INCONCLUSIVE or dev <= total:
         need = power.n_to_clear(z - centre, half)
         nums["n_needed"] = need
         where = (f"needs n ≈ {need:.0f}" if math.isfinite(need)
                  else "no trend to extrapolate a needed n from")
-        note = (f"z {z:.2f} inside the null band ±{half:.2f} at n={power.n}; {where} "
-                f"({power.describe()})")
+        inside = (f"inside the null band ±{half:.2f}" if dev <= half else
+                  f"outside the null band ±{half:.2f} but inside the text-sampling error "
+                  f"(±{total:.2f} together)")
+        note = f"z {z:.2f} {inside} at n={power.n}; {where} ({power.describe()})"
         return UNDERPOWERED, note, nums
     return base, "", nums
 
@@ -232,7 +280,7 @@ def not_testable(claim: str, statement: str, reason: str, *,
 
 
 __all__ = [
-    "CONTRADICTED", "DEFAULT_Z_GROWTH", "INCONCLUSIVE", "NOT_TESTABLE", "REFERENCE_N",
+    "CONTRADICTED", "DEFAULT_Z_GROWTH", "Z_SAMPLING_C", "INCONCLUSIVE", "NOT_TESTABLE", "REFERENCE_N",
     "REFERENCE_Z", "SUPPORTED", "UNDERPOWERED", "VERDICTS", "ClaimVerdict", "ModelInfo",
     "Power", "not_testable", "verdict_from_interval", "z_call",
 ]
