@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import CORPUS, paused_at, release, sigint_default, wait_paused
+from conftest import CORPUS, assert_same_table, paused_at, release, sigint_default, wait_paused
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -164,7 +164,7 @@ def test_output_disk_fills_during_metrics_then_rerun_reuses_layers(small_disk, t
     clean = tmp_path / "clean"
     ok = _run(cmd[:-1] + [str(clean), "--no-cache"], env)
     assert ok.returncode == 0, ok.stderr
-    assert (out / "layers.csv").read_bytes() == (clean / "layers.csv").read_bytes()
+    assert_same_table(out / "layers.csv", clean / "layers.csv")
 
 
 def test_atomic_write_on_a_full_disk_names_path_and_size(small_disk):
@@ -249,7 +249,7 @@ def test_ctrl_c_in_each_stage_keeps_work_and_rerun_resumes(stage, clean_analyze,
         assert n_shards == 15 and len(before) >= 2
         assert all(p.stat().st_mtime_ns == before[p.name] for p in metrics()
                    if p.name in before)  # per-layer results reused, not rewritten
-    assert (out / "layers.csv").read_bytes() == (clean / "layers.csv").read_bytes()
+    assert_same_table(out / "layers.csv", clean / "layers.csv")
 
 
 # ---------------------------------------------------------------------- racing runs

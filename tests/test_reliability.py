@@ -17,7 +17,7 @@ import pytest
 import lmgeom
 from lmgeom import metrics as M
 from lmgeom.cli import main
-from conftest import CORPUS, paused_at, release, wait_paused
+from conftest import CORPUS, assert_same_table, paused_at, release, wait_paused
 
 
 def _corpus(tmp_path, n=40):
@@ -98,7 +98,7 @@ def test_sigkill_analyze_at_each_stage_then_rerun_is_identical(stage, tiny_dir, 
     clean = tmp_path / "clean"
     ok = subprocess.run(cmd[:-1] + [str(clean), "--no-cache"], env=env, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
-    assert (out / "layers.csv").read_bytes() == (clean / "layers.csv").read_bytes()
+    assert_same_table(out / "layers.csv", clean / "layers.csv")
     pd.testing.assert_frame_equal(pd.read_parquet(out / "layers.parquet"), pd.read_parquet(clean / "layers.parquet"))
     html = (out / "report.html").read_text()
     assert html.rstrip().endswith("</html>")

@@ -29,12 +29,7 @@ import sys
 import warnings
 from collections.abc import Collection, Sequence
 
-# One source less of run-to-run variation in float32 BLAS: with MKL's default dynamic
-# threading MKL picks its thread count per call, and a different count changes the order of a
-# GEMM's sums. Set before torch loads MKL; a user's own setting wins.
-os.environ.setdefault("MKL_DYNAMIC", "FALSE")
-
-from . import __version__  # noqa: E402 - after the environment above
+from . import __version__
 from ._io import written_summary
 from .commands.checks import validate_args
 from .commands.options import HelpFormatter, apply_model_args
