@@ -77,13 +77,23 @@ def release(folder: Path, stage: str) -> None:
 
 
 def assert_same_table(a: Path, b: Path) -> None:
-    """Two ``layers.csv`` written by two processes hold the same numbers: every row byte for
+    """Two ``layers.csv`` (or ``layers.parquet``) written by two processes hold the same numbers: every row byte for
     byte, except the logit-lens rows, whose values agree to 1e-3 relative. The logit-lens KL
-    is a float32 difference of log-probabilities; across processes it was seen to move by
-    ~1e-5 relative (twice in 13 loop passes, cause not found), while every PGA, PC1 and
-    spectral row matched exactly."""
+    is a float32 difference of log-probabilities; across processes one layer's KL was seen to
+    move by 1e-5..7e-5 relative (3 times in 53 loop passes of the fault tests, cause not found:
+    the states were bit-identical, and neither thread count nor memory alignment changes it),
+    while every PGA, PC1 and spectral row matched exactly."""
     import numpy as np
 
+    if Path(a).suffix == ".parquet":  # the same rule on the parquet tables
+        import pandas as pd
+
+        fa, fb = pd.read_parquet(a), pd.read_parquet(b)
+        lens_a, lens_b = fa.metric.str.startswith("logit_lens"), fb.metric.str.startswith("logit_lens")
+        assert lens_a.tolist() == lens_b.tolist()
+        pd.testing.assert_frame_equal(fa[~lens_a], fb[~lens_b], check_exact=True)
+        pd.testing.assert_frame_equal(fa[lens_a], fb[lens_b], check_exact=False, rtol=1e-3)
+        return
     la, lb = a.read_text().splitlines(), b.read_text().splitlines()
     assert len(la) == len(lb), (len(la), len(lb))
     for x, y in zip(la, lb):

@@ -99,7 +99,7 @@ def test_sigkill_analyze_at_each_stage_then_rerun_is_identical(stage, tiny_dir, 
     ok = subprocess.run(cmd[:-1] + [str(clean), "--no-cache"], env=env, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
     assert_same_table(out / "layers.csv", clean / "layers.csv")
-    pd.testing.assert_frame_equal(pd.read_parquet(out / "layers.parquet"), pd.read_parquet(clean / "layers.parquet"))
+    assert_same_table(out / "layers.parquet", clean / "layers.parquet")
     html = (out / "report.html").read_text()
     assert html.rstrip().endswith("</html>")
     assert not list(out.rglob(".*.tmp"))
