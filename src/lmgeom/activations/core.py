@@ -23,7 +23,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +138,34 @@ class Activations:
         return self.states[self.layers.index(label)]
 
     __getitem__ = layer
+
+    def subset(self, indices: Sequence[int] | np.ndarray, *, texts_hash: str) -> Activations:
+        """The states of the texts at ``indices`` (positions in this set, increasing), as if
+        only they had been extracted: per-text rows for ``last`` / ``mean`` pooling, the
+        sampled token rows of those texts for ``tokens``. ``texts_hash`` is the hash of the
+        subset's :class:`~lmgeom.texts.TextSet` (``ts.subset(indices).hash``)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self.text_ids)
+        if idx.size == 0 or idx.min() < 0 or idx.max() >= n or np.any(np.diff(idx) <= 0):
+            raise ConfigError(f"subset: indices must be increasing positions in 0..{n - 1}")
+        row_text = row_pos = row_token = None
+        if self.row_text is None:
+            rows = idx
+        else:
+            keep = np.isin(self.row_text, idx)
+            rows = np.flatnonzero(keep)
+            row_text = np.searchsorted(idx, self.row_text[keep]).astype(self.row_text.dtype)
+            row_pos = self.row_pos[keep] if self.row_pos is not None else None
+            row_token = self.row_token[keep] if self.row_token is not None else None
+        digest = sha256_bytes(idx.tobytes())[:16]
+        return replace(
+            self, states=self.states[:, rows], texts_hash=texts_hash,
+            text_ids=tuple(self.text_ids[i] for i in idx.tolist()),
+            labels=None if self.labels is None else tuple(self.labels[i] for i in idx.tolist()),
+            n_tokens=self.n_tokens[idx], row_text=row_text, row_pos=row_pos, row_token=row_token,
+            n_truncated=int(np.sum(self.n_tokens[idx] >= int(self.settings["max_length"])))
+            if self.settings.get("max_length") else self.n_truncated,
+            key=f"{self.key}-subset-{digest}", timings={})
 
     def manifest(self) -> dict[str, Any]:
         return {

@@ -90,6 +90,50 @@ class ModelAnalysis:
     timings: dict[str, float]
     k: int
     samples: pd.DataFrame | None = None
+    #: with ``ladder``: the rows of each smaller n (column ``n_texts``), else None
+    ladder: pd.DataFrame | None = None
+
+
+def _sweep(model, acts, texts, cfg: LayerSweepConfig, *, probes: bool, folds: int,
+           revision: str, name: str, work_dir, progress) -> tuple[list[pd.DataFrame],
+                                                                   dict[str, float], str | None]:
+    """The layer sweep of ``acts`` and, when asked and the labels allow it, the probes."""
+    df, timings = run_layer_sweep(model, acts, cfg, work_dir=work_dir, revision=revision,
+                                  progress=progress)
+    frames, skipped = [df], None
+    if probes:
+        # too few texts per class for the optional probes: skip them, keep the run
+        skipped = probe_skip_reason(probe_labels(acts), folds=folds,
+                                    text_labels=getattr(texts, "labels", None))
+        if skipped is not None:
+            warn_low_sample(f"{name}: {skipped}")
+        else:
+            t = time.perf_counter()
+            frames.append(table.frame(probe_rows(model, acts, folds=folds, seed=cfg.seed,
+                                                 revision=revision, progress=progress)))
+            timings["probes_s"] = time.perf_counter() - t
+    return frames, timings, skipped
+
+
+def _ladder(model, acts, texts, config: LayerSweepConfig, sizes, **kw) -> pd.DataFrame | None:
+    """The sweep (and probes) again on nested seeded subsets of the texts, one per size in
+    ``sizes`` below n: the states sliced from ``acts``, no forward pass; k fitted per size."""
+    from ..texts import nested_sample_indices
+
+    sizes = sorted({int(m) for m in sizes if int(m) < len(texts)})
+    if not sizes:
+        return None
+    picks = nested_sample_indices(len(texts), sizes, labels=getattr(texts, "labels", None),
+                                  seed=config.seed)
+    frames = []
+    for m in sizes:
+        sub = texts.subset(picks[m])
+        cfg, note = config.rung(m, model.width)
+        if note is not None:
+            warn_low_sample(f"{kw['name']} (ladder n = {m}): {note}")
+        parts, _, _ = _sweep(model, acts.subset(picks[m], texts_hash=sub.hash), sub, cfg, **kw)
+        frames.append(pd.concat(parts, ignore_index=True).assign(n_texts=m))
+    return pd.concat(frames, ignore_index=True)
 
 
 def analyze_model(
@@ -109,6 +153,7 @@ def analyze_model(
     work_dir: str | Path | None = None,
     progress: bool | None = None,
     log_samples: bool = False,
+    ladder: tuple[int, ...] = (),
 ) -> ModelAnalysis:
     """One model through the whole pipeline: load, extract (through the activation cache),
     per-layer metrics (:func:`~.layer_sweep.run_layer_sweep`, resumable per layer in
@@ -134,6 +179,8 @@ def analyze_model(
         progress: progress bars.
         log_samples: also compute the per-text rows of :mod:`~.samples` (one more forward
             pass, for the per-text perplexity).
+        ladder: smaller numbers of texts to sweep again on nested seeded subsets of
+            ``texts`` (their states sliced from this extraction; :attr:`ModelAnalysis.ladder`).
     """
     opts = model_options or ModelOptions()
     if hub_revision is not None:
@@ -154,22 +201,16 @@ def analyze_model(
                        max_length=cfg.max_length, batch_size=cfg.batch_size, cache=cache,
                        seed=cfg.seed, progress=progress)
         timings["extract_s"] = time.perf_counter() - t
-        df, tm = run_layer_sweep(model, acts, cfg, work_dir=work_dir, revision=revision,
-                                 progress=progress)
+        kw = dict(probes=probes, folds=folds, revision=revision, name=label or model.name,
+                  work_dir=work_dir, progress=progress)
+        frames, tm, skipped = _sweep(model, acts, texts, cfg, **kw)
         timings.update(tm)
-        frames = [df]
-        skipped = None
-        if probes:
-            # too few texts per class for the optional probes: skip them, keep the run
-            skipped = probe_skip_reason(probe_labels(acts), folds=folds,
-                                        text_labels=getattr(texts, "labels", None))
-            if skipped is not None:
-                warn_low_sample(f"{label or model.name}: {skipped}")
-            else:
-                t = time.perf_counter()
-                frames.append(table.frame(probe_rows(model, acts, folds=folds, seed=cfg.seed,
-                                                     revision=revision, progress=progress)))
-                timings["probes_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        # the rungs: no logit lens (no claim reads it; it would repeat the V-wide readout)
+        ladder_rows = _ladder(model, acts, texts, replace(cfg, logit_lens=False), ladder,
+                              **kw) if ladder else None
+        if ladder_rows is not None:
+            timings["ladder_s"] = time.perf_counter() - t
         samples = None
         if log_samples:
             t = time.perf_counter()
@@ -189,7 +230,9 @@ def analyze_model(
     out = pd.concat(frames, ignore_index=True)
     if label is not None:
         out["model"] = label
-    return ModelAnalysis(out, info, timings, kk, samples)
+    if label is not None and ladder_rows is not None:
+        ladder_rows["model"] = label
+    return ModelAnalysis(out, info, timings, kk, samples, ladder_rows)
 
 
 @register
@@ -208,6 +251,9 @@ class AnalyzeConfig:
         engine: where the models run (one task per model on ``ray``).
         log_samples: also write ``samples.parquet``, one row per text (:mod:`~.samples`);
             not part of the run's signature (it adds a file, changes no number).
+        ladder: smaller numbers of texts whose sweep is repeated on nested seeded subsets of
+            the texts, states sliced from the one extraction (``ladder`` table; ``claims
+            --n-ladder``).
     """
 
     command: ClassVar[str] = "analyze"
@@ -222,6 +268,7 @@ class AnalyzeConfig:
     cache: bool = True
     engine: EngineConfig = field(default_factory=EngineConfig)
     log_samples: bool = False
+    ladder: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -238,7 +285,7 @@ class AnalyzeConfig:
                 "revision": self.model.revision, "texts": self.texts.spec, "n": self.texts.n,
                 "dtype": self.model.dtype, "sweep": config_dict(self.layers),
                 "text_column": self.texts.text_column, "label_column": self.texts.label_column,
-                "split": self.texts.split}
+                "split": self.texts.split, **({"ladder": list(self.ladder)} if self.ladder else {})}
 
     def run(self, *, work_dir: str | Path | None = None,
             progress: bool | None = None) -> AnalyzeResult:
@@ -257,9 +304,9 @@ class AnalyzeConfig:
                    "folds": self.folds, "revision": self.model.revision or "",
                    "work_dir": str(Path(work_dir)) if work_dir else None,
                    "progress": progress if local else False,
-                   "log_samples": self.log_samples})
+                   "log_samples": self.log_samples, "ladder": tuple(self.ladder)})
                  for spec in self.models]
-        frames, infos, samples = [], [], []
+        frames, infos, samples, ladders = [], [], [], []
         for spec, oc in zip(self.models, engine.map(analyze_model, calls,
                                                     names=list(self.models))):
             if not oc.ok:
@@ -271,12 +318,15 @@ class AnalyzeConfig:
             frames.append(res.frame)
             if res.samples is not None:
                 samples.append(res.samples)
+            if res.ladder is not None:
+                ladders.append(res.ladder)
             infos.append({**res.info, "attempts": oc.attempts})
             timings.update({f"{k}[{spec}]": v for k, v in res.timings.items()})
         return AnalyzeResult(self, pd.concat(frames, ignore_index=True), infos, timings,
                              {"source": texts.source, "n": len(texts), "hash": texts.hash,
                               "n_dropped": texts.n_dropped},
-                             pd.concat(samples, ignore_index=True) if samples else None)
+                             pd.concat(samples, ignore_index=True) if samples else None,
+                             pd.concat(ladders, ignore_index=True) if ladders else None)
 
 
 @dataclass
@@ -289,13 +339,15 @@ class AnalyzeResult:
     timings: dict[str, float]
     texts: dict[str, Any]
     samples: pd.DataFrame | None = None
+    ladder: pd.DataFrame | None = None
 
     def rows(self) -> pd.DataFrame:
         return self.frame
 
     def extra_tables(self) -> dict[str, pd.DataFrame]:
-        """``samples`` (per-text rows) with ``--log-samples``."""
-        return {"samples": self.samples} if self.samples is not None else {}
+        """``samples`` (per-text rows) with ``--log-samples``, ``ladder`` with a ladder."""
+        return {k: v for k, v in (("samples", self.samples), ("ladder", self.ladder))
+                if v is not None}
 
     def manifest(self) -> dict[str, Any]:
         c = self.config

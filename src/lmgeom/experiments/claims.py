@@ -24,7 +24,8 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from ..errors import ConfigError
-from ..metrics.claims import ClaimVerdict, ModelInfo, not_testable
+from ..metrics.claims import ClaimVerdict, ModelInfo, Power, mark_unstable, not_testable
+from ..metrics.claims_profile import ladder_powers
 from ..metrics.sample_size import warn_low_sample
 from ..models.bundled import BUNDLED
 from .base import register
@@ -55,6 +56,20 @@ def parse_only(text: str | None) -> tuple[str, ...] | None:
         raise ConfigError(f"--only: {', '.join(bad) or repr(text)} is not a claim id; use "
                           "P1..P8 and D1..D8, comma-separated (e.g. --only P1,D3)")
     return out
+
+
+def parse_ladder(value: str | Sequence[int]) -> tuple[int, ...]:
+    """``"64,128,256"`` (or a sequence) → ``(64, 128, 256)``: at least two distinct sizes of
+    at least 8 texts, increasing."""
+    parts = str(value).split(",") if isinstance(value, str) else list(value)
+    try:
+        sizes = tuple(sorted({int(str(x).strip()) for x in parts if str(x).strip()}))
+    except ValueError:
+        sizes = ()
+    if len(sizes) < 2 or sizes[0] < 8:
+        raise ConfigError(f"--n-ladder {value!r}: give two or more numbers of texts, each at "
+                          "least 8, comma-separated (e.g. --n-ladder 64,128,256)")
+    return sizes
 
 
 def tuning_of(spec: str, description: str = "") -> str:
@@ -105,6 +120,12 @@ class ClaimsConfig:
         folds: CV folds of the linear probes (P8).
         suite: a trained width suite folder (P6, and D4 where it needs checkpoints).
         only: run only these claim ids (``("P1", "D3")``); ``None``: all.
+        ladder: an n-ladder (``(64, 128, 256)``; its largest n is ``texts.n``): the PGA claims
+            (P1-P5, P7, P8) are decided again at each smaller n on nested seeded subsets of
+            the texts, their states sliced from the one forward pass per model; the growth of
+            |z| with n is measured per model from the rungs, and a verdict that differs
+            between the two largest n becomes ``unstable``
+            (:func:`~lmgeom.metrics.claims.mark_unstable`). ``()``: no ladder.
     """
 
     command: ClassVar[str] = "claims"
@@ -117,6 +138,7 @@ class ClaimsConfig:
     folds: int = 5
     suite: str | None = None
     only: tuple[str, ...] | None = None
+    ladder: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         models = tuple(self.models) or installed_bundled()
@@ -132,13 +154,22 @@ class ClaimsConfig:
         if self.texts.n is None:
             raise ConfigError("claims need a number of texts (--n)")
         fit_k(self.layers.k, n=self.texts.n, ccr=self.layers.ccr)  # before the run folder
+        if self.ladder:
+            rungs = parse_ladder(self.ladder)
+            if rungs[-1] != self.texts.n:
+                raise ConfigError(f"--n-ladder {','.join(map(str, rungs))}: its largest n "
+                                  f"({rungs[-1]}) is the run's n, but --n is {self.texts.n}; "
+                                  "leave --n out or make them equal")
+            fit_k(self.layers.k, n=rungs[0], ccr=self.layers.ccr)  # the smallest rung too
+            object.__setattr__(self, "ladder", rungs)
 
     def settings(self) -> dict[str, Any]:
         return {"models": list(self.models), "texts": self.texts.spec, "n": self.texts.n,
                 "seed": self.texts.seed, "dtype": self.model.dtype,
                 "sweep": config_dict(self.layers), "folds": self.folds,
                 "suite": str(Path(self.suite).resolve()) if self.suite else None,
-                "only": list(self.only) if self.only else None}
+                "only": list(self.only) if self.only else None,
+                **({"ladder": list(self.ladder)} if self.ladder else {})}
 
     def plan(self) -> tuple[LayerSweepConfig, str | None, int]:
         """What the texts can support, decided before any model loads: the layer sweep with
@@ -163,15 +194,22 @@ class ClaimsConfig:
             t = time.perf_counter()
             meas = measure_pga(self.models, texts=self.texts, model=self.model,
                                layers=layers, folds=self.folds, work_dir=work,
-                               progress=progress, suite=self.suite, only=self.only)
+                               progress=progress, suite=self.suite, only=self.only,
+                               ladder=self.ladder)
             t1 = time.perf_counter()
             infos = model_infos(self.models, self.model, meas.models)
             timings["model_infos_s"] = time.perf_counter() - t1
-            verdicts = pga_verdicts(meas, infos, seed=self.layers.seed, only=self.only,
-                                    suite=self.suite)
-            if k_note is not None:  # every verdict that rests on the sweep says so
-                verdicts = [replace(v, reason=f"{v.reason}; {k_note}")
-                            if v.claim.split(".")[0] in SWEEP_CLAIMS else v for v in verdicts]
+            powers = self._powers(meas, n, infos)
+            verdicts = self._with_note(pga_verdicts(meas, infos, seed=self.layers.seed,
+                                                    only=self.only, suite=self.suite,
+                                                    powers=powers.get(n)), k_note)
+            ladder = {m: [v for v in self._with_note(pga_verdicts(
+                meas.at(m), infos, seed=self.layers.seed, only=self.only, powers=powers.get(m)),
+                layers.rung(m)[1]) if v.claim.split(".")[0] in SWEEP_CLAIMS]
+                for m in meas.rungs()}
+            if ladder:  # the two largest n disagree: unstable
+                verdicts = mark_unstable(verdicts, ladder[max(ladder)], n_top=n,
+                                         n_lower=max(ladder))
             timings["pga_claims_s"] = time.perf_counter() - t
             t = time.perf_counter()
             verdicts += self._dispersion(infos, work / "dispersion", progress)
@@ -179,7 +217,27 @@ class ClaimsConfig:
         timings.update({f"pga.{k}": v for k, v in meas.timings.items()})
         return ClaimsResult(self, verdicts, infos, meas, timings,
                             {"k": layers.k, "k_asked": self.layers.k, "k_note": k_note,
-                             "n_texts": n, "ccr": list(layers.ccr)})
+                             "n_texts": n, "ccr": list(layers.ccr),
+                             **({"ladder_k": {m: layers.rung(m)[0].k for m in ladder}}
+                                if ladder else {})},
+                            ladder)
+
+    @staticmethod
+    def _with_note(verdicts: list[ClaimVerdict], note: str | None) -> list[ClaimVerdict]:
+        """Every verdict that rests on the sweep says why k was lowered, when it was."""
+        if note is None:
+            return verdicts
+        return [replace(v, reason=f"{v.reason}; {note}")
+                if v.claim.split(".")[0] in SWEEP_CLAIMS else v for v in verdicts]
+
+    @staticmethod
+    def _powers(meas: PgaMeasurements, n: int, infos: list[ModelInfo]
+                ) -> dict[int, dict[str, Power]]:
+        """With a ladder: each model's power per rung, the growth of |z| measured on it."""
+        if not meas.rungs() or meas.layers is None:
+            return {}
+        tables = {m: meas.at(m).layers for m in meas.rungs()}
+        return ladder_powers({**tables, n: meas.layers}, infos)
 
     def _dispersion(self, infos: list[ModelInfo], work: Path,
                     progress: bool | None) -> list[ClaimVerdict]:
@@ -210,17 +268,34 @@ class ClaimsResult:
     measurements: PgaMeasurements
     timings: dict[str, float]
     plan: dict[str, Any] = field(default_factory=dict)
+    #: with a ladder: the PGA verdicts at each smaller n
+    ladder: dict[int, list[ClaimVerdict]] = field(default_factory=dict)
 
     def rows(self) -> pd.DataFrame:
         return pd.DataFrame([v.row() for v in self.verdicts],
                             columns=list(ClaimVerdict.__dataclass_fields__)
                             + ["widths", "families"]).drop(columns=["details"])
 
+    def ladder_rows(self) -> pd.DataFrame | None:
+        """With a ladder: one row per claim and n (column ``n_texts``), the largest n's rows
+        as in ``claims.parquet`` but before :func:`~lmgeom.metrics.claims.mark_unstable`."""
+        if not self.ladder:
+            return None
+        n = int(self.plan.get("n_texts") or 0)
+        top = [v for v in self.verdicts if v.claim.split(".")[0] in SWEEP_CLAIMS]
+        frames = [pd.DataFrame([v.row() for v in vs]).assign(n_texts=m)
+                  for m, vs in sorted(self.ladder.items())]
+        frames.append(pd.DataFrame([_before_unstable(v).row() for v in top]).assign(n_texts=n))
+        return pd.concat(frames, ignore_index=True).drop(columns=["details"], errors="ignore")
+
     def extra_tables(self) -> dict[str, pd.DataFrame]:
-        """``layers`` (the layer sweep), ``converge`` and ``suite`` tables when they ran."""
+        """``layers`` (the layer sweep), ``converge`` and ``suite`` tables when they ran; with
+        a ladder ``claims_ladder`` (the verdicts per n) and ``layers_ladder`` (the rungs'
+        layer rows)."""
         m = self.measurements
         return {k: v for k, v in (("layers", m.layers), ("converge", m.converge),
-                                  ("suite", m.suite)) if v is not None}
+                                  ("suite", m.suite), ("claims_ladder", self.ladder_rows()),
+                                  ("layers_ladder", m.ladder)) if v is not None}
 
     def manifest(self) -> dict[str, Any]:
         c = self.config
@@ -248,6 +323,14 @@ class ClaimsResult:
         return "\n".join(verdict_lines(self.rows()))
 
 
+def _before_unstable(v: ClaimVerdict) -> ClaimVerdict:
+    """The verdict an ``unstable`` one had at the largest n (from its details)."""
+    at = v.details.get("verdict_at_n") if v.verdict == "unstable" else None
+    if not at:
+        return v
+    return replace(v, verdict=at[max(at)], reason=v.details.get("reason_at_top", v.reason))
+
+
 def _plain(x: Any) -> Any:
     """JSON-safe copy of a details dict (numpy numbers and arrays → Python, tuples → lists)."""
     if isinstance(x, dict):
@@ -259,5 +342,5 @@ def _plain(x: Any) -> Any:
     return x
 
 
-__all__ = ["ClaimsConfig", "ClaimsResult", "installed_bundled", "model_infos", "parse_only",
-           "tuning_of"]
+__all__ = ["ClaimsConfig", "ClaimsResult", "installed_bundled", "model_infos", "parse_ladder",
+           "parse_only", "tuning_of"]

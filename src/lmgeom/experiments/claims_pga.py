@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,25 @@ class PgaMeasurements:
     texts: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
+    #: an n-ladder's smaller rungs: the layer and converge rows, column ``n_texts``
+    ladder: pd.DataFrame | None = None
+    converge_ladder: pd.DataFrame | None = None
+
+    def rungs(self) -> list[int]:
+        """The smaller n of the ladder (increasing), ``[]`` without one."""
+        if self.ladder is None or self.ladder.empty:
+            return []
+        return sorted(int(n) for n in self.ladder["n_texts"].unique())
+
+    def at(self, n: int) -> PgaMeasurements:
+        """The measurements of the rung at ``n`` texts (the sweep and converge rows; no suite)."""
+        def pick(df: pd.DataFrame | None) -> pd.DataFrame | None:
+            if df is None:
+                return None
+            return df[df["n_texts"] == n].drop(columns="n_texts").reset_index(drop=True)
+
+        return PgaMeasurements(layers=pick(self.ladder), converge=pick(self.converge_ladder),
+                               models=self.models, texts={**self.texts, "n": n})
 
 
 def sweep_cache() -> Path:
@@ -66,26 +85,33 @@ def sweep_cache() -> Path:
 def measure_pga(models: Sequence[str], *, texts: TextOptions,
                 model: ModelOptions, layers: LayerSweepConfig, folds: int = 5,
                 converge_null: int | None = None, work_dir: Path, progress: bool | None,
-                suite: str | None = None, only: Sequence[str] | None = None) -> PgaMeasurements:
-    """Run what the requested PGA claims need (module docstring) and return the tables."""
+                suite: str | None = None, only: Sequence[str] | None = None,
+                ladder: Sequence[int] = ()) -> PgaMeasurements:
+    """Run what the requested PGA claims need (module docstring) and return the tables;
+    ``ladder``: smaller n whose sweep and convergence are measured again on nested subsets of
+    the texts, from the same forward pass (:attr:`PgaMeasurements.ladder`)."""
     out = PgaMeasurements()
     work = Path(work_dir)
     # k decided for n before any model loads (ClaimsConfig.plan has done it already)
-    layers, _ = layers.fitted(len(texts.load()))
+    n = len(texts.load())
+    layers, _ = layers.fitted(n)
+    rungs = tuple(sorted({int(m) for m in ladder if int(m) < n}))
     if any(wanted(c, only) for c in _SWEEP):
         t = time.perf_counter()
         # the per-layer metrics go to the cache, keyed by content (states, weights, every
         # setting): a run that stops later (or a rerun with other claims or another --out)
         # reuses them instead of recomputing the sweep
         res = AnalyzeConfig(models=tuple(models), texts=texts, model=model, layers=layers,
-                            probes=True, folds=folds).run(work_dir=sweep_cache(),
-                                                          progress=progress)
+                            probes=True, folds=folds, ladder=rungs).run(work_dir=sweep_cache(),
+                                                                        progress=progress)
         out.layers, out.models, out.texts = res.frame, res.models, res.texts
+        out.ladder = res.ladder
         out.timings["layer_sweep_s"] = time.perf_counter() - t
         out.timings.update({f"sweep.{k}": v for k, v in res.timings.items()})
     if wanted("P7", only) and len(models) >= 2:
         t = time.perf_counter()
-        out.converge = _converge(models, texts, model, layers, converge_null, progress)
+        out.converge, out.converge_ladder = _converge(models, texts, model, layers,
+                                                      converge_null, progress, rungs)
         out.timings["converge_s"] = time.perf_counter() - t
     if wanted("P6", only) and suite is not None:
         t = time.perf_counter()
@@ -108,19 +134,23 @@ class _Shape:
 
 
 def _converge(models: Sequence[str], texts: TextOptions, options: ModelOptions,
-              layers: LayerSweepConfig, n_null: int | None, progress: bool | None
-              ) -> pd.DataFrame:
+              layers: LayerSweepConfig, n_null: int | None, progress: bool | None,
+              rungs: Sequence[int] = ()) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """The ``converge`` rows of every model pair (:func:`~.convergence.converge_pair`, matched
     layers by relative depth, no heatmap); each model loaded once, its extraction a hit in
-    the activation cache the layer sweep filled."""
+    the activation cache the layer sweep filled. With ``rungs``: the same on the nested
+    subsets the layer sweep's ladder used (second table, column ``n_texts``)."""
     import itertools
 
     from ..activations import extract
     from ..results import table
+    from ..texts import nested_sample_indices
     from .convergence import ConvergeConfig, converge_pair
     from .layer_sweep import model_basis
 
     ts = texts.load()
+    picks = nested_sample_indices(len(ts), rungs, labels=ts.labels,
+                                  seed=layers.seed) if rungs else {}
     loaded = []
     for spec in models:
         m = options.load(spec)
@@ -128,14 +158,22 @@ def _converge(models: Sequence[str], texts: TextOptions, options: ModelOptions,
                        max_length=layers.max_length, batch_size=layers.batch_size,
                        seed=layers.seed, progress=progress)
         shape = _Shape(m.name, m.n_blocks, {lab: m.point_index(lab) for lab in acts.layers})
-        loaded.append((shape, acts, model_basis(m, layers)))
+        subs = {n: acts.subset(idx, texts_hash=ts.subset(idx).hash) for n, idx in picks.items()}
+        bases = {n: model_basis(m, layers.rung(n, m.width)[0]) for n in picks}
+        loaded.append((shape, acts, model_basis(m, layers), subs, bases))
         del m
-    cfg = ConvergeConfig(k=layers.k, n_null=n_null or layers.n_null, ccr=1, seed=layers.seed,
-                         heatmap=False)
     rows: list[dict[str, Any]] = []
-    for (ma, aa, ba), (mb, ab, bb) in itertools.combinations(loaded, 2):
+    ladder_rows: list[dict[str, Any]] = []
+    for (ma, aa, ba, sa, bsa), (mb, ab, bb, sb, bsb) in itertools.combinations(loaded, 2):
+        cfg = ConvergeConfig(k=layers.k, n_null=n_null or layers.n_null, ccr=1,
+                             seed=layers.seed, heatmap=False)
         rows += converge_pair(ma, aa, ba, mb, ab, bb, cfg, progress=progress)[0]
-    return table.frame(rows)
+        for n in picks:
+            k = min(bsa[n].shape[1], bsb[n].shape[1])
+            got = converge_pair(ma, sa[n], bsa[n][:, :k], mb, sb[n], bsb[n][:, :k],
+                                replace(cfg, k=k), progress=progress)[0]
+            ladder_rows += [{**r, "n_texts": n} for r in got]
+    return table.frame(rows), (pd.DataFrame(ladder_rows) if picks else None)
 
 
 def _suite_sweep(suite: str, texts: TextOptions, layers: LayerSweepConfig, work: Path,

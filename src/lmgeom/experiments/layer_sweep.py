@@ -146,6 +146,19 @@ class LayerSweepConfig:
         k, note = fit_k(self.k, n=n, ccr=self.ccr, d=d)
         return replace(self, k=k), note
 
+    def rung(self, n: int, d: int | None = None) -> tuple[LayerSweepConfig, str | None]:
+        """This fitted config for a smaller subset of ``n`` of its texts (an n-ladder's rung):
+        the same k where the n leaves room for it, else the largest k that fits
+        (:func:`max_k`), with a note saying so."""
+        if self.k is None:
+            return self.fitted(n, d)
+        fit_k(None, n=n, ccr=self.ccr, d=d)  # raises when n leaves no room at all
+        top = max_k(n, self.ccr) if d is None else min(max_k(n, self.ccr), int(d) - 1)
+        if self.k <= top:
+            return self, None
+        return replace(self, k=top), (f"k = {top} instead of {self.k}: {n} texts leave room "
+                                      f"for at most k = {top} after CCR-{max(self.ccr)}")
+
     def resolved_pairs(self, n: int) -> int | None:
         if self.pairs in ("auto", None, "exact", "all"):
             if self.pairs == "auto" and n > AUTO_EXACT_MAX_N:

@@ -16,6 +16,8 @@ Verdicts:
   the measured z lies inside its null band, or the band is wider than an effect of the size
   the papers report would be at this n (:func:`z_call`, :class:`Power`); ``reason`` gives the
   n it would need;
+* ``unstable`` — with an n-ladder (``claims --n-ladder 64,128,256``): the verdicts at the two
+  largest n differ (:func:`mark_unstable`); ``reason`` gives both;
 * ``not testable here`` — the models or data needed are absent; ``reason`` says what is
   missing (e.g. "needs d >= 2048; the widest model here has d = 1536").
 
@@ -33,7 +35,8 @@ about, whatever z came out). ``a`` is :data:`DEFAULT_Z_GROWTH` unless the caller
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError
@@ -43,7 +46,8 @@ CONTRADICTED = "contradicted"
 INCONCLUSIVE = "inconclusive"
 NOT_TESTABLE = "not testable here"
 UNDERPOWERED = "underpowered"
-VERDICTS = (SUPPORTED, CONTRADICTED, INCONCLUSIVE, UNDERPOWERED, NOT_TESTABLE)
+UNSTABLE = "unstable"
+VERDICTS = (SUPPORTED, CONTRADICTED, INCONCLUSIVE, UNDERPOWERED, UNSTABLE, NOT_TESTABLE)
 
 #: the papers' effect at their setting, the yardstick of "can this n see it": a collapse
 #: zone (or a mid-layer peak) of |z| = 10 at n = 256 texts (k = 100, CCR-1, last pooling).
@@ -272,6 +276,28 @@ def z_call(z: float, lo: float, hi: float, direction: str, power: Power | None
     return base, "", nums
 
 
+def mark_unstable(top: Sequence[ClaimVerdict], lower: Sequence[ClaimVerdict], *, n_top: int,
+                  n_lower: int) -> list[ClaimVerdict]:
+    """The verdicts at the largest n of a ladder, each one whose verdict at the next smaller
+    n (``lower``) differs turned ``unstable``, its reason giving both verdicts. Not a change:
+    ``underpowered`` at the smaller n becoming decided at the larger (the power rule deferred
+    exactly that decision to more texts), and a claim absent from ``lower``."""
+    below = {v.claim: v for v in lower}
+    out = []
+    for v in top:
+        w = below.get(v.claim)
+        if w is None or w.verdict == v.verdict or w.verdict == UNDERPOWERED \
+                or NOT_TESTABLE in (v.verdict, w.verdict):
+            out.append(v)
+            continue
+        out.append(replace(v, verdict=UNSTABLE, reason=(
+            f"{v.verdict} at n = {n_top} but {w.verdict} at n = {n_lower}; at n = {n_top}: "
+            f"{v.reason}; at n = {n_lower}: {w.reason}"),
+            details={**v.details, "verdict_at_n": {n_top: v.verdict, n_lower: w.verdict},
+                     "reason_at_top": v.reason}))
+    return out
+
+
 def not_testable(claim: str, statement: str, reason: str, *,
                  models: tuple[ModelInfo, ...] = (), quantity: str = "") -> ClaimVerdict:
     """A ``not testable here`` verdict with its reason."""
@@ -281,6 +307,6 @@ def not_testable(claim: str, statement: str, reason: str, *,
 
 __all__ = [
     "CONTRADICTED", "DEFAULT_Z_GROWTH", "Z_SAMPLING_C", "INCONCLUSIVE", "NOT_TESTABLE", "REFERENCE_N",
-    "REFERENCE_Z", "SUPPORTED", "UNDERPOWERED", "VERDICTS", "ClaimVerdict", "ModelInfo",
-    "Power", "not_testable", "verdict_from_interval", "z_call",
+    "REFERENCE_Z", "SUPPORTED", "UNDERPOWERED", "UNSTABLE", "VERDICTS", "ClaimVerdict", "ModelInfo",
+    "Power", "mark_unstable", "not_testable", "verdict_from_interval", "z_call",
 ]

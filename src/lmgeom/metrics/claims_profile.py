@@ -167,6 +167,43 @@ def power_of(df: pd.DataFrame | None, m: ModelInfo,
     return Power(n) if n else None
 
 
+#: a layer enters the growth fit when |z| clears this at the largest n (clearly an effect)
+GROWTH_MIN_Z = 4.0
+#: fewer such layers than this: the growth stays the assumed one
+GROWTH_MIN_LAYERS = 3
+
+
+def ladder_powers(tables: Mapping[int, pd.DataFrame], models: Sequence[ModelInfo]
+                  ) -> dict[int, dict[str, Power]]:
+    """Each model's :class:`~lmgeom.metrics.claims.Power` at each rung of an n-ladder, with
+    the growth of |z| with n *measured* on this run: per layer and CCR level whose |z| at the
+    largest n is at least :data:`GROWTH_MIN_Z` and has one sign on every rung, the slope of
+    ``log |z|`` on ``log n`` (least squares); the median over those layers (clipped to
+    0.01..1). A model with fewer than :data:`GROWTH_MIN_LAYERS` such layers keeps the assumed
+    growth. ``tables``: ``{n: layer table at n}``."""
+    ns = sorted(tables)
+    out: dict[int, dict[str, Power]] = {n: {} for n in ns}
+    for m in models:
+        slopes = []
+        by_n = {}
+        for n in ns:
+            z = plain_rows(tables[n], m.name, "pga_z")
+            by_n[n] = {(r.layer_index, r.setting): float(r.value)
+                       for r in z.itertuples()} if not z.empty else {}
+        for key, top in by_n[ns[-1]].items():
+            zs = [by_n[n].get(key, math.nan) for n in ns]
+            if abs(top) < GROWTH_MIN_Z or not all(np.isfinite(zs)) \
+                    or len({np.sign(v) for v in zs}) != 1:
+                continue
+            slopes.append(float(np.polyfit(np.log(ns), np.log(np.abs(zs)), 1)[0]))
+        if len(slopes) >= GROWTH_MIN_LAYERS and len(ns) >= 2:
+            g = float(np.clip(np.median(slopes), 0.01, 1.0))
+            src = f"measured on this run's n-ladder ({len(slopes)} layers, n = {ns[0]}..{ns[-1]})"
+            for n in ns:
+                out[n][m.name] = Power(n, growth=g, source=src)
+    return out
+
+
 def z_of(m: ModelInfo, row: Any, direction: str, power: Power | None, what: str
          ) -> Call:
     """One model's call on "z of ``row`` is ``direction`` 0" (power rule applied); ``what``
@@ -212,6 +249,8 @@ def collapse_of(prof: pd.DataFrame) -> CollapseProfile:
 
 
 __all__ = [
+    "GROWTH_MIN_LAYERS",
+    "GROWTH_MIN_Z",
     "NOT_MEANINGFUL",
     "N_BOOT",
     "PRIMARY",
@@ -223,6 +262,7 @@ __all__ = [
     "every_z",
     "final_index",
     "flagged_out",
+    "ladder_powers",
     "over_models",
     "plain_rows",
     "power_of",

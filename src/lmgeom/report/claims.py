@@ -28,7 +28,7 @@ PLOTS_DIR = "plots"
 Z_DEPTH_STEM = "claims-z-depth"
 
 _COLOURS = {"supported": "#1b7837", "contradicted": "#b2182b", "inconclusive": "#8c6d00",
-            "underpowered": "#5e3c99", "not testable here": "#666666"}
+            "underpowered": "#5e3c99", "unstable": "#d95f02", "not testable here": "#666666"}
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
@@ -159,7 +159,8 @@ def write_claims_report(out_dir: str | os.PathLike[str], claims: pd.DataFrame,
         "measured interval lies wholly on one side of the threshold the claim implies, "
         "inconclusive when it straddles it or the models disagree, underpowered when this n "
         "cannot make a PGA decision (z within its null band and text-sampling error; the "
-        "reason gives the n it needs), not testable here when the models or data are missing. Each reason says which interval was used (z null, "
+        "reason gives the n it needs), unstable when an n-ladder run found another verdict at "
+        "the next smaller n, not testable here when the models or data are missing. Each reason says which interval was used (z null, "
         "bootstrap over layers or texts, CV folds).</p>",
         verdict_table(claims), "</section>",
     ]

@@ -45,7 +45,7 @@ from .builtin import (
 )
 from .files import SUPPORTED_EXTENSIONS, load_file
 from .summary import builtin_table, describe
-from .textset import TextSet, make_textset, sample_indices
+from .textset import TextSet, make_textset, nested_sample_indices, sample_indices
 
 __all__ = [
     "source_fingerprint",
@@ -64,6 +64,7 @@ __all__ = [
     "limit_textset",
     "list_builtin",
     "load_texts",
+    "nested_sample_indices",
     "sample_indices",
 ]
 

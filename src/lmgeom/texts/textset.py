@@ -19,7 +19,7 @@ from ..errors import ConfigError, TextsError
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["TextSet", "make_textset", "sample_indices"]
+__all__ = ["TextSet", "make_textset", "nested_sample_indices", "sample_indices"]
 
 log = logging.getLogger(__name__)
 
@@ -306,3 +306,48 @@ def sample_indices(
     quota = _quotas({k: len(v) for k, v in groups.items()}, int(limit), rng)
     picked = [rng.choice(groups[k], size=quota[k], replace=False) for k in sorted(groups)]
     return np.sort(np.concatenate(picked)).astype(np.int64)
+
+
+def nested_sample_indices(
+    n: int, sizes: Sequence[int], *, labels: Sequence[str] | None = None, seed: int = 0
+) -> dict[int, np.ndarray]:
+    """Seeded samples of each size in ``sizes`` from ``n`` positions, each one inside the next
+    larger (an n-ladder: the texts of ``n = 64`` are among those of ``n = 128``).
+
+    One seeded permutation per label (or of all positions without ``labels``); a sample of
+    size m takes the head of each label's permutation, as many as that label's balanced quota
+    (:func:`sample_indices`' rule) for m. Quotas grow with m, so the samples are nested.
+
+    Returns:
+        ``{m: sorted int64 positions}`` for every m in ``sizes`` (``m >= n``: all positions).
+    """
+    bad = [m for m in sizes if isinstance(m, bool) or not isinstance(m, (int, np.integer))
+           or m < 1]
+    if bad or not len(sizes):
+        raise TextsError(f"ladder sizes must be positive integers, got {list(sizes)!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    lab = np.asarray(labels if labels is not None else ["_"] * n, dtype=object)
+    names = sorted(set(lab.tolist()))
+    rng = np.random.default_rng(seed)
+    orders = {k: rng.permutation(np.flatnonzero(lab == k)) for k in names}
+    counts = {k: len(v) for k, v in orders.items()}
+    out: dict[int, np.ndarray] = {}
+    previous: dict[str, int] = dict.fromkeys(names, 0)
+    for m in sorted(set(int(x) for x in sizes)):
+        if m >= n:
+            out[m] = np.arange(n, dtype=np.int64)
+            continue
+        quota = _quotas(counts, m, np.random.default_rng([seed, m]))
+        # a remainder drawn at random may go to another label than at the smaller size: move
+        # the difference so that no label loses a text it had (keeps the samples nested)
+        for k in names:  # (m >= the previous size, so some label has a surplus to give)
+            while quota[k] < previous[k]:
+                j = max((x for x in names if quota[x] > previous[x]),
+                        key=lambda x: (quota[x] - previous[x], x))
+                quota[j] -= 1
+                quota[k] += 1
+        picked = [orders[k][: quota[k]] for k in names]
+        out[m] = np.sort(np.concatenate(picked)).astype(np.int64)
+        previous = quota
+    return out
