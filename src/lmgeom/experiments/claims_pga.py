@@ -101,7 +101,10 @@ def measure_pga(models: Sequence[str], *, texts: TextOptions,
         # the per-layer metrics go to the cache, keyed by content (states, weights, every
         # setting): a run that stops later (or a rerun with other claims or another --out)
         # reuses them instead of recomputing the sweep
-        res = AnalyzeConfig(models=tuple(models), texts=texts, model=model, layers=layers,
+        # no logit lens: no claim reads it, and its V-wide readout per layer is minutes at
+        # n = 256 on the larger vocabularies
+        res = AnalyzeConfig(models=tuple(models), texts=texts, model=model,
+                            layers=replace(layers, logit_lens=False),
                             probes=True, folds=folds, ladder=rungs).run(work_dir=sweep_cache(),
                                                                         progress=progress)
         out.layers, out.models, out.texts = res.frame, res.models, res.texts
