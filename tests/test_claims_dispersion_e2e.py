@@ -26,12 +26,12 @@ def _settings(**kw):
         **kw)
 
 
-def _run(tmp_path, only, **kw):
+def _run(tmp_path, only, work_dir=None, runs_dir=None, **kw):
     from lmgeom.experiments.claims_dispersion import measure_dispersion_claims
 
     return measure_dispersion_claims([SPEC], [INFO], n=16, seed=0, device="cpu", dtype=None,
-                                     work_dir=tmp_path / "work", progress=False, only=only,
-                                     settings=_settings(**kw))
+                                     work_dir=work_dir or tmp_path / "work", progress=False,
+                                     only=only, settings=_settings(**kw), runs_dir=runs_dir)
 
 
 def test_measured_claims_on_smollm2_rows_agreement_and_resume(tmp_path, smollm):
@@ -87,8 +87,14 @@ def test_measured_claims_on_smollm2_rows_agreement_and_resume(tmp_path, smollm):
 
 
 def test_finetune_claims_on_smollm2_row_shape(tmp_path):
-    # LoRA only: full fine-tuning saves the whole model per arm (the default runs both)
-    out = _run(tmp_path, ["D3", "D8"], finetune_methods=("lora",))
+    from lmgeom.experiments.claims import dispersion_cache
+
+    # LoRA only: full fine-tuning saves the whole model per arm (the default runs both). As
+    # `lmgeom claims` runs it: the measurements in lmgeom's cache, the fine-tuning run (a run
+    # folder, which may not lie in the cache) in the claims run's work folder
+    out = _run(tmp_path, ["D3", "D8"], finetune_methods=("lora",), work_dir=dispersion_cache(),
+               runs_dir=tmp_path / "runs")
+    assert [p.name.split("-")[1] for p in (tmp_path / "runs").glob("finetune-*")] == ["lora"]
     assert [v.claim for v in out] == ["D3", "D3.lora", "D8", "D8.lora"]
     for v in out:
         assert v.verdict in VERDICTS and v.verdict != NOT_TESTABLE

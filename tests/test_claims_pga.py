@@ -118,7 +118,12 @@ def test_p4_ccr_restores_every_layer():
     ok = profile_rows("mid", DIRECT, setting="ccr=5") + profile_rows("mid", DIRECT,
                                                                       setting="ccr=10")
     assert R.p4_ccr_restores(table.frame(ok), [MID]).verdict == SUPPORTED
-    bad = profile_rows("mid", DIRECT, setting="ccr=5") + profile_rows("mid", DETOUR,
+    # the paper: "CCR-5 or CCR-10 restores": one level restoring every layer is enough
+    one = profile_rows("mid", DIRECT, setting="ccr=5") + profile_rows("mid", DETOUR,
+                                                                       setting="ccr=10")
+    v = R.p4_ccr_restores(table.frame(one), [MID])
+    assert v.verdict == SUPPORTED and v.estimate == min(DIRECT) and "CCR-10" in v.reason
+    bad = profile_rows("mid", DETOUR, setting="ccr=5") + profile_rows("mid", DETOUR,
                                                                        setting="ccr=10")
     v = R.p4_ccr_restores(table.frame(bad), [MID])
     assert v.verdict == CONTRADICTED and v.estimate == -8.0 and "CCR-10" in v.reason

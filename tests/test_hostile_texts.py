@@ -15,7 +15,7 @@ import pytest
 from lmgeom.cli import main
 from lmgeom.errors import LmgeomError, TextsError
 from lmgeom.texts import TextSet, load_texts
-from lmgeom.texts.files import decode_text
+from lmgeom.texts.reading import decode_text
 
 # mostly ASCII, with a few non-ASCII characters (é, —, a CJK character, an emoji outside the BMP)
 TEXTS = ("Café au lait — first text", "second text 中", "third 🙂 text")

@@ -221,7 +221,7 @@ class ClaimsConfig:
             t = time.perf_counter()
             # the D-claims' measurements are keyed by content (models, texts, settings): kept
             # in the lmgeom cache, so a run that stops later, or reruns, reuses them
-            verdicts += self._dispersion(infos, dispersion_cache(), progress)
+            verdicts += self._dispersion(infos, work / "dispersion", progress)
             timings["dispersion_claims_s"] = time.perf_counter() - t
         timings.update({f"pga.{k}": v for k, v in meas.timings.items()})
         return ClaimsResult(self, verdicts, infos, meas, timings,
@@ -261,10 +261,12 @@ class ClaimsConfig:
             return [not_testable(c, f"dispersion claim {c}", "dispersion claims not built",
                                  models=tuple(infos)) for c in ids]
         only = [c for c in self.only if c.startswith("D")] if self.only else None
+        # the measurements in the cache (content-keyed); the fine-tuning runs of D3/D8 are run
+        # folders, which may not lie in the cache: in this run's work folder
         return list(mod.measure_dispersion_claims(
             self.models, infos, n=int(self.texts.n or 0), seed=self.texts.seed,
-            device=self.model.device, dtype=self.model.dtype, work_dir=work, progress=progress,
-            suite=self.suite, only=only))
+            device=self.model.device, dtype=self.model.dtype, work_dir=dispersion_cache(),
+            runs_dir=work, progress=progress, suite=self.suite, only=only))
 
 
 @dataclass

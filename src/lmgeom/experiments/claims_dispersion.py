@@ -335,11 +335,14 @@ def measure_dispersion_claims(
     suite: str | None = None,
     only: Sequence[str] | None = None,
     settings: DispersionClaimsSettings | None = None,
+    runs_dir: Path | None = None,
 ) -> list[ClaimVerdict]:
     """Verdicts on D1-D8 (rows ``D1.token``, ``D1.segment``, ``D1`` ... see the module
     docstring) for ``models`` (specs for :func:`lmgeom.load_model`; ``infos`` the matching
     :class:`ModelInfo`). ``only`` restricts the claims; ``work_dir`` holds the resumable
-    sub-results; ``suite`` is a trained width suite folder (D4)."""
+    sub-results; ``runs_dir`` the fine-tuning runs of D3/D8 (run folders of their own, which may
+    not lie in lmgeom's cache; default ``work_dir``); ``suite`` is a trained width suite folder
+    (D4)."""
     from . import claims_dispersion_models as more
     from . import claims_dispersion_train as train
 
@@ -380,7 +383,8 @@ def measure_dispersion_claims(
         out += [v for v in segment_verdicts(seg_parts, clock) if v.claim[:2] in want]
     if "D3" in want or "D8" in want:
         with clock.time("D3/D8", train.smallest(models, infos)[0]):
-            out += train.finetune_verdicts(models, infos, s, work, want, device=device)
+            out += train.finetune_verdicts(models, infos, s, Path(runs_dir or work), want,
+                                           device=device)
     if "D4" in want:
         with clock.time("D4", "suite"):
             out += more.cluster_verdict(suite, s, work, progress, dtype=dtype, device=device)

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from lmgeom.metrics._pairs import ZERO_RTOL, Layout, constant_error, zero_rows_error
+from lmgeom.metrics._pairs import Layout, constant_error, zero_rows_error
+from lmgeom.metrics.geometry import ZERO_RTOL
 
 __all__ = ["TorchWorker"]
 

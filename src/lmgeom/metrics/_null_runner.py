@@ -31,7 +31,7 @@ from lmgeom.metrics._rank_kernel import MAX_PAIRS, kernel_available
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NullSpec", "Runner"]
+__all__ = ["Runner"]
 
 _PARALLEL_MIN_PAIRS = 20_000
 

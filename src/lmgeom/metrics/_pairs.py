@@ -23,7 +23,6 @@ from lmgeom.metrics._common import check_int, check_seed, data_error
 from lmgeom.metrics.geometry import ZERO_RTOL, duplicate_groups
 
 __all__ = [
-    "ZERO_RTOL",
     "Layout",
     "PairPlan",
     "build_layout",

@@ -66,6 +66,21 @@ def all_of(verdicts: Sequence[str]) -> str:
     return INCONCLUSIVE
 
 
+def any_of(verdicts: Sequence[str]) -> str:
+    """Verdict of a disjunction: supported when any part is, contradicted when all are,
+    underpowered when the rest are contradicted and some part needs more texts, else
+    inconclusive (``not testable here`` when there is no part)."""
+    if not verdicts:
+        return NOT_TESTABLE
+    if SUPPORTED in verdicts:
+        return SUPPORTED
+    if all(v == CONTRADICTED for v in verdicts):
+        return CONTRADICTED
+    if UNDERPOWERED in verdicts:
+        return UNDERPOWERED
+    return INCONCLUSIVE
+
+
 def over_models(verdicts: Sequence[str]) -> str:
     """Verdict over models: the common verdict when all agree; underpowered when the decided
     ones agree and the rest need more texts (more n could settle it); else inconclusive."""
@@ -256,6 +271,7 @@ __all__ = [
     "PRIMARY",
     "Call",
     "all_of",
+    "any_of",
     "bootstrap_ci",
     "collapse_of",
     "every_bounds",

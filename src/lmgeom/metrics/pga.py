@@ -36,9 +36,9 @@ from lmgeom.metrics._common import (
     data_error,
     pow2_normalise,
 )
-from lmgeom.metrics._null_runner import NullSpec, Runner
+from lmgeom.metrics._cpu_worker import NullSpec
+from lmgeom.metrics._null_runner import Runner
 from lmgeom.metrics._pairs import (
-    ZERO_RTOL,
     build_layout,
     make_plan,
     unique_rows,
@@ -47,6 +47,7 @@ from lmgeom.metrics._pairs import (
 )
 from lmgeom.metrics.geometry import (
     RANK_RTOL,
+    ZERO_RTOL,
     CCRLevels,
     cached_frames,
     ccr_levels,

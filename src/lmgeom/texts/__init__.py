@@ -43,7 +43,8 @@ from .builtin import (
     list_builtin,
     load_builtin,
 )
-from .files import SUPPORTED_EXTENSIONS, load_file
+from .files import load_file
+from .reading import SUPPORTED_EXTENSIONS
 from .summary import builtin_table, describe
 from .textset import TextSet, make_textset, nested_sample_indices, sample_indices
 

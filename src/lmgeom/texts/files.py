@@ -28,7 +28,7 @@ from .reading import (
 )
 from .textset import TextSet, make_textset
 
-__all__ = ["SUPPORTED_EXTENSIONS", "decode_text", "load_file", "read_text_file", "read_utf8"]
+__all__ = ["load_file"]
 
 log = logging.getLogger(__name__)
 
