@@ -214,7 +214,7 @@ def test_statements_cover_every_claim_and_variant():
 @pytest.mark.parametrize("bad", [["P1"], ["D9"]])
 def test_only_names_dispersion_claims(bad):
     from lmgeom.errors import ConfigError
-    from lmgeom.experiments.claims_dispersion import selected
+    from lmgeom.experiments.claims.dispersion_base import selected
 
     with pytest.raises(ConfigError, match="D1..D8"):
         selected(bad)

@@ -16,7 +16,7 @@ INFO = ModelInfo(SPEC, 576, "llama", "instruct", 30)
 
 
 def _settings(**kw):
-    from lmgeom.experiments.claims_dispersion import DispersionClaimsSettings
+    from lmgeom.experiments.claims import DispersionClaimsSettings
 
     return DispersionClaimsSettings.for_n(
         16, 0, n_boot=100, n_boot_depth=100, hardness_n=8, select_eval=2,
@@ -27,7 +27,7 @@ def _settings(**kw):
 
 
 def _run(tmp_path, only, work_dir=None, runs_dir=None, **kw):
-    from lmgeom.experiments.claims_dispersion import measure_dispersion_claims
+    from lmgeom.experiments.claims import measure_dispersion_claims
 
     return measure_dispersion_claims([SPEC], [INFO], n=16, seed=0, device="cpu", dtype=None,
                                      work_dir=work_dir or tmp_path / "work", progress=False,
@@ -35,7 +35,8 @@ def _run(tmp_path, only, work_dir=None, runs_dir=None, **kw):
 
 
 def test_measured_claims_on_smollm2_rows_agreement_and_resume(tmp_path, smollm):
-    from lmgeom.experiments.claims_dispersion import DispersionClaimsSettings, measure_segments
+    from lmgeom.experiments.claims import DispersionClaimsSettings
+    from lmgeom.experiments.claims.dispersion import measure_segments
     from lmgeom.experiments.dispersion import measure_chunks
 
     only = ["D1", "D2", "D4", "D5", "D6", "D7"]
@@ -111,7 +112,7 @@ def test_d4_on_a_suite_of_checkpoints(tmp_path):
     out when two trained checkpoints exist."""
     from conftest import build_tiny
 
-    from lmgeom.experiments.claims_dispersion_models import cluster_verdict
+    from lmgeom.experiments.claims.dispersion_models import cluster_verdict
 
     s = _settings(cluster_max=32)
     for name, seeds in (("same", (1, 1, 1)), ("diff", (0, 1, 2))):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+from ..errors import ConfigError
 from .analyze import add_pga_args, layer_config_from_args
 from .options import (
     add_extract_args,
@@ -76,14 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..errors import ConfigError
-    from dataclasses import replace
-
     from ..experiments.claims import ClaimsConfig, parse_ladder, parse_only
 
     if args.suite is not None:
-        from pathlib import Path
-
         if not Path(args.suite).is_dir():
             raise ConfigError(f"--suite {args.suite}: no such folder; give a suite folder from "
                               "`lmgeom suite train --out DIR`")

@@ -24,6 +24,7 @@ from ..metrics.sample_size import split_flags, warn_low_sample
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
 from ..results.console import format_table
+from ..texts import nested_sample_indices
 from .base import register
 from .layer_sweep import (
     LayerSweepConfig,
@@ -118,7 +119,6 @@ def _sweep(model, acts, texts, cfg: LayerSweepConfig, *, probes: bool, folds: in
 def _ladder(model, acts, texts, config: LayerSweepConfig, sizes, **kw) -> pd.DataFrame | None:
     """The sweep (and probes) again on nested seeded subsets of the texts, one per size in
     ``sizes`` below n: the states sliced from ``acts``, no forward pass; k fitted per size."""
-    from ..texts import nested_sample_indices
 
     sizes = sorted({int(m) for m in sizes if int(m) < len(texts)})
     if not sizes:

@@ -2,7 +2,7 @@
 
 Every rule is a pure function of measured arrays (or of numbers read from an experiment's tidy
 table) returning a :class:`~lmgeom.metrics.claims.ClaimVerdict`; no model, no I/O. The
-experiment (:mod:`lmgeom.experiments.claims_dispersion`) gathers the arrays and calls these.
+experiment (:mod:`lmgeom.experiments.claims.dispersion`) gathers the arrays and calls these.
 
 Two dispersions (METHODS.md "Representation dispersion"), both tested for D1 and D2:
 

@@ -1,7 +1,7 @@
-"""``lmgeom claims``: a measured verdict on every claim of the two papers.
+"""``lmgeom claims``: the experiment (:class:`ClaimsConfig`) and its result.
 
-The PGA paper's claims P1-P8 come from :mod:`lmgeom.experiments.claims_pga`, the dispersion
-paper's D1-D8 from :mod:`lmgeom.experiments.claims_dispersion`; the verdict rules live in
+The PGA paper's claims P1-P8 are measured by :mod:`lmgeom.experiments.claims.pga`, the
+dispersion paper's D1-D8 by :mod:`lmgeom.experiments.claims.dispersion`; the verdict rules live in
 :mod:`lmgeom.metrics.claims_pga` / :mod:`lmgeom.metrics.claims_dispersion`. The result is one
 row per claim (:meth:`~lmgeom.metrics.claims.ClaimVerdict.row`) in ``claims.parquet``, the layer
 sweep and convergence tables beside it, and a report page (:mod:`lmgeom.report.claims`)::
@@ -13,8 +13,8 @@ sweep and convergence tables beside it, and a report page (:mod:`lmgeom.report.c
 
 from __future__ import annotations
 
-import importlib
 import re
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -23,19 +23,20 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from .._paths import cache_dir
-from ..errors import ConfigError
-from ..metrics.claims import ClaimVerdict, ModelInfo, Power, mark_unstable, not_testable
-from ..metrics.claims_profile import ladder_powers
-from ..metrics.sample_size import warn_low_sample
-from ..models.bundled import BUNDLED
-from .base import register
-from .claims_pga import PgaMeasurements, measure_pga, pga_verdicts, wanted
-from .layer_sweep import LayerSweepConfig, config_dict, fit_k
-from .options import ModelOptions, TextOptions
+from ..._paths import cache_dir
+from ...errors import ConfigError
+from ...metrics.claims import ClaimVerdict, ModelInfo, Power, mark_unstable
+from ...metrics.claims_profile import ladder_powers
+from ...metrics.sample_size import warn_low_sample
+from ...models.bundled import BUNDLED
+from ..base import register
+from ..layer_sweep import LayerSweepConfig, config_dict, fit_k
+from ..options import ModelOptions, TextOptions
+from .dispersion import measure_dispersion_claims
+from .dispersion_base import CLAIMS
+from .pga import PgaMeasurements, measure_pga, pga_verdicts, wanted
 
-DISPERSION_MODULE = "lmgeom.experiments.claims_dispersion"
-DISPERSION_CLAIMS = tuple(f"D{i}" for i in range(1, 9))
+DISPERSION_CLAIMS = CLAIMS
 PGA_IDS = tuple(f"P{i}" for i in range(1, 9))
 #: the claims whose numbers depend on the readout dimension k (the layer sweep, converge)
 SWEEP_CLAIMS = ("P1", "P2", "P3", "P4", "P5", "P7", "P8")
@@ -188,7 +189,6 @@ class ClaimsConfig:
 
     def run(self, *, work_dir: str | Path | None = None,
             progress: bool | None = None) -> ClaimsResult:
-        import tempfile
 
         timings: dict[str, float] = {}
         t = time.perf_counter()
@@ -253,17 +253,10 @@ class ClaimsConfig:
         ids = [c for c in DISPERSION_CLAIMS if wanted(c, self.only)]
         if not ids:
             return []
-        try:
-            mod = importlib.import_module(DISPERSION_MODULE)
-        except ModuleNotFoundError as exc:
-            if exc.name != DISPERSION_MODULE:
-                raise
-            return [not_testable(c, f"dispersion claim {c}", "dispersion claims not built",
-                                 models=tuple(infos)) for c in ids]
         only = [c for c in self.only if c.startswith("D")] if self.only else None
         # the measurements in the cache (content-keyed); the fine-tuning runs of D3/D8 are run
         # folders, which may not lie in the cache: in this run's work folder
-        return list(mod.measure_dispersion_claims(
+        return list(measure_dispersion_claims(
             self.models, infos, n=int(self.texts.n or 0), seed=self.texts.seed,
             device=self.model.device, dtype=self.model.dtype, work_dir=dispersion_cache(),
             runs_dir=work, progress=progress, suite=self.suite, only=only))
@@ -322,14 +315,14 @@ class ClaimsResult:
                 "timings": dict(self.timings)}
 
     def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
-        from ..report.claims import write_claims_report
+        from ...report.claims import write_claims_report
 
         return write_claims_report(folder.path, self.rows(), self.measurements.layers, manifest,
                                    infos=self.infos,
                                    title="lmgeom claims — " + ", ".join(self.config.models))
 
     def summary(self) -> str:
-        from ..report.claims import verdict_lines
+        from ...report.claims import verdict_lines
 
         return "\n".join(verdict_lines(self.rows()))
 
@@ -353,5 +346,5 @@ def _plain(x: Any) -> Any:
     return x
 
 
-__all__ = ["ClaimsConfig", "ClaimsResult", "dispersion_cache", "installed_bundled", "model_infos", "parse_ladder",
-           "parse_only", "tuning_of"]
+__all__ = ["ClaimsConfig", "ClaimsResult", "dispersion_cache", "installed_bundled", "model_infos",
+           "parse_ladder", "parse_only", "tuning_of"]

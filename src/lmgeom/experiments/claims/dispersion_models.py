@@ -1,4 +1,4 @@
-"""Claims D4, D6 and D7 for ``lmgeom claims`` (see :mod:`lmgeom.experiments.claims_dispersion`).
+"""Claims D4, D6 and D7 for ``lmgeom claims`` (see :mod:`lmgeom.experiments.claims.dispersion`).
 
 * **D6** (:class:`GapCollector`): per model and domain (code, math),
   :func:`lmgeom.experiments.select.measure_candidate` — the dispersion gap of ``W_U``
@@ -27,11 +27,31 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError
-from ..metrics import claims_dispersion as rules
-from ..metrics.claims import ClaimVerdict, ModelInfo, not_testable
-from ..metrics.dispersion import token_dispersion
-from .claims_dispersion import DispersionClaimsSettings, cached_arrays, content_key
+from ...errors import DataError
+from ...lm.knnlm import interpolate, perplexity_of, position_states
+from ...lm.perplexity import forward_chunks
+from ...metrics import claims_dispersion as rules
+from ...metrics.claims import ClaimVerdict, ModelInfo, not_testable
+from ...metrics.dispersion import token_dispersion
+from ...models import load_model
+from ...texts import TextSet, load_texts
+from ...texts.chunks import make_chunks
+from ..clusters import ClusterConfig, cluster_states, find_clusters
+from ..clusters import config_dict as cluster_config_dict
+from ..knnlm import KnnConfig, run_knnlm, split_corpus
+from ..knnlm import config_dict as knn_config_dict
+from ..select import (
+    Candidate,
+    Corpora,
+    SelectConfig,
+    load_corpora,
+    measure_candidate,
+    suite_candidates,
+)
+from ..select import (
+    config_dict as select_config_dict,
+)
+from .dispersion_base import DispersionClaimsSettings, cached_arrays, content_key
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +68,6 @@ class GapCollector:
         self._corpora: dict[str, Any] = {}
 
     def config(self, domain: str):
-        from .select import SelectConfig
-
         s = self.s
         return SelectConfig(domain=domain, n_eval=s.select_eval, max_length=256, stride=128,
                             batch_size=s.batch_size, n_boot=s.n_boot, seed=s.seed)
@@ -57,8 +75,6 @@ class GapCollector:
     def corpora(self, domain: str):
         """The selection corpora of ``domain`` with each evaluation text cut to its first
         ``select_eval_chars`` characters (at a line end where there is one)."""
-        from ..texts import TextSet
-        from .select import Corpora, load_corpora
 
         if domain not in self._corpora:
             c = load_corpora(self.config(domain))
@@ -76,12 +92,10 @@ class GapCollector:
         return self._corpora[domain]
 
     def add(self, model, spec: str, info: ModelInfo, work: Path, progress: bool | None) -> None:
-        from .select import Candidate, config_dict, measure_candidate
-
         for domain in DOMAINS:
             cfg = self.config(domain)
             corp = self.corpora(domain)
-            key = content_key(model, corp.eval.hash, corp.general.hash, config_dict(cfg))
+            key = content_key(model, corp.eval.hash, corp.general.hash, select_config_dict(cfg))
 
             def compute(cfg=cfg, corp=corp) -> dict[str, np.ndarray]:
                 r = measure_candidate(model, Candidate(spec=spec, label=spec), cfg, corp,
@@ -111,8 +125,6 @@ class GapCollector:
 
 # ---------------------------------------------------------------------- D7
 def knn_config(s: DispersionClaimsSettings):
-    from .knnlm import KnnConfig
-
     return KnnConfig(select=True, candidates="last.attn_out,last.ffn_out",
                      chunk_len=s.knn_chunk_len, max_train_tokens=s.knn_train_tokens,
                      max_eval_tokens=s.knn_eval_tokens, select_tokens=s.knn_select_tokens,
@@ -120,11 +132,6 @@ def knn_config(s: DispersionClaimsSettings):
 
 
 def _measure_knn(model, ts, cfg, progress: bool | None) -> dict[str, np.ndarray]:
-    from ..lm.knnlm import interpolate, perplexity_of, position_states
-    from ..lm.perplexity import forward_chunks
-    from ..texts.chunks import make_chunks
-    from .knnlm import run_knnlm, split_corpus
-
     attn, ffn = model.resolve_points("last.attn_out")[0], model.resolve_points("last.ffn_out")[0]
     run = run_knnlm(model, ts, None, cfg, cache=True, progress=progress)
     lam, cl = float(cfg.lam), cfg.chunk_len
@@ -168,12 +175,10 @@ def _measure_knn(model, ts, cfg, progress: bool | None) -> dict[str, np.ndarray]
 def knn_parts(model, info: ModelInfo, s: DispersionClaimsSettings, work: Path,
               progress: bool | None) -> tuple[ClaimVerdict, ClaimVerdict]:
     """One model's ``D7.dispersion`` and ``D7.knn`` parts."""
-    from ..texts import load_texts
-    from .knnlm import config_dict
 
     ts = load_texts(s.knn_texts, limit=s.corpus_limit, seed=s.seed)
     cfg = knn_config(s)
-    key = content_key(model, ts.hash, config_dict(cfg))
+    key = content_key(model, ts.hash, knn_config_dict(cfg))
     a = cached_arrays(work, f"knn-{model.name}", key, lambda: _measure_knn(model, ts, cfg,
                                                                             progress))
     est, lo, hi = rules.paired_difference(a["disp_attn"], a["disp_ffn"], n_boot=s.n_boot,
@@ -220,7 +225,6 @@ def cluster_verdict(suite: str | None, s: DispersionClaimsSettings, work: Path,
     if not suite:
         return [not_testable("D4", rules.statement("D4"), NO_CHECKPOINTS,
                              quantity="within-cluster dispersion, latest - earliest checkpoint")]
-    from .select import suite_candidates
 
     by_width: dict[str, list[Any]] = {}
     for c in suite_candidates(suite):
@@ -247,16 +251,13 @@ def cluster_verdict(suite: str | None, s: DispersionClaimsSettings, work: Path,
 def _cluster_part(first, last, info: ModelInfo, width: str, s: DispersionClaimsSettings,
                   work: Path, progress: bool | None, *, dtype: str | None,
                   device: str | None) -> ClaimVerdict:
-    from ..models import load_model
-    from ..texts import load_texts
-    from .clusters import ClusterConfig, cluster_states, config_dict, find_clusters
 
     ts = load_texts(s.cluster_texts, limit=s.n, seed=s.seed)
     cfg = ClusterConfig(max_clusters=s.cluster_max, layers="final", n_boot=s.n_boot,
                         seed=s.seed, batch_size=s.batch_size)
     m0 = load_model(first.spec, dtype=dtype or "float32", device=device)
     m1 = load_model(last.spec, dtype=dtype or "float32", device=device)
-    key = content_key(m0, content_key(m1), ts.hash, config_dict(cfg))
+    key = content_key(m0, content_key(m1), ts.hash, cluster_config_dict(cfg))
 
     def compute() -> dict[str, np.ndarray]:
         cset = find_clusters(m0.tokenizer, ts, cfg, reference=first.spec)

@@ -1,5 +1,5 @@
 """Claims D3 and D8 for ``lmgeom claims``: fine-tuning the smallest model
-(see :mod:`lmgeom.experiments.claims_dispersion`).
+(see :mod:`lmgeom.experiments.claims.dispersion`).
 
 Two short fine-tuning runs of :mod:`lmgeom.experiments.finetune` on ``finetune_texts`` (the
 target domain), one with LoRA and one with full fine-tuning, each with the arms ``none`` (plain
@@ -19,16 +19,21 @@ live in ``work_dir`` (named by a content key) and resume when interrupted.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._io import stable_hash
-from ..metrics import claims_dispersion as rules
-from ..metrics.claims import ClaimVerdict, ModelInfo
-from .claims_dispersion import DispersionClaimsSettings
+import numpy as np
+
+from ..._io import stable_hash
+from ...metrics import claims_dispersion as rules
+from ...metrics.claims import ClaimVerdict, ModelInfo
+from ...models.load import model_fingerprint
+from ..finetune_eval import decode_eval
+from .dispersion_base import DispersionClaimsSettings
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +48,7 @@ def smallest(models: Sequence[str], infos: Sequence[ModelInfo]) -> tuple[str, Mo
 
 def finetune_config(spec: str, method: str, s: DispersionClaimsSettings, *,
                     device: str | None = None):
-    from .finetune import FinetuneConfig
+    from ..finetune import FinetuneConfig
 
     # no geometry trajectory (PGA on probe texts at every evaluation): D3/D8 do not read it
     extra = {"geometry": False} if "geometry" in {
@@ -61,7 +66,7 @@ def run_finetune(cfg, out: Path):
     """One fine-tuning run through the public API of :mod:`lmgeom.experiments.finetune`
     (``finetune(cfg, out)``, which runs the registered ``train`` experiment): its result, with
     ``table`` (the tidy rows), ``arms`` and ``out_dir``."""
-    from .finetune import finetune
+    from ..finetune import finetune
 
     return finetune(cfg, out)
 
@@ -70,12 +75,8 @@ def paired_before_after(res, arm: str, target: str) -> tuple[Any, Any] | None:
     """Per-chunk token dispersion of the held-out ``target`` chunks at step 0 and at the end of
     ``arm``, when the run kept both (the step-0 evaluation every arm shares, ``baseline.json``,
     and the arm's last evaluation); ``None`` otherwise."""
-    import json
-
-    import numpy as np
 
     try:
-        from .finetune_eval import decode_eval
 
         base_file = Path(res.out_dir) / "baseline.json"
         before = decode_eval(json.loads(base_file.read_text()))[target]["_chunk_disp"]
@@ -87,8 +88,6 @@ def paired_before_after(res, arm: str, target: str) -> tuple[Any, Any] | None:
 
 
 def _key(spec: str, cfg) -> str:
-    from ..models.load import model_fingerprint
-
     return stable_hash([cfg.signed(), model_fingerprint(spec)])[:12]
 
 

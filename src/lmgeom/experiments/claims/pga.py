@@ -16,6 +16,7 @@ verdicts from :mod:`lmgeom.metrics.claims_pga`:
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,13 +25,17 @@ from typing import Any
 
 import pandas as pd
 
-from .._paths import cache_dir
-from ..errors import ConfigError
-from ..metrics import claims_pga as R
-from ..metrics.claims import ClaimVerdict, ModelInfo, Power, not_testable
-from .analyze import AnalyzeConfig
-from .layer_sweep import LayerSweepConfig
-from .options import ModelOptions, TextOptions
+from ..._paths import cache_dir
+from ...activations import extract
+from ...errors import ConfigError
+from ...metrics import claims_pga as R
+from ...metrics.claims import ClaimVerdict, ModelInfo, Power, not_testable
+from ...results import table
+from ...texts import nested_sample_indices
+from ..analyze import AnalyzeConfig
+from ..convergence import ConvergeConfig, converge_pair
+from ..layer_sweep import LayerSweepConfig, model_basis
+from ..options import ModelOptions, TextOptions
 
 #: every PGA claim id (``P8`` comes with its variant ``P8.wide``)
 PGA_CLAIMS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8")
@@ -143,13 +148,6 @@ def _converge(models: Sequence[str], texts: TextOptions, options: ModelOptions,
     layers by relative depth, no heatmap); each model loaded once, its extraction a hit in
     the activation cache the layer sweep filled. With ``rungs``: the same on the nested
     subsets the layer sweep's ladder used (second table, column ``n_texts``)."""
-    import itertools
-
-    from ..activations import extract
-    from ..results import table
-    from ..texts import nested_sample_indices
-    from .convergence import ConvergeConfig, converge_pair
-    from .layer_sweep import model_basis
 
     ts = texts.load()
     picks = nested_sample_indices(len(ts), rungs, labels=ts.labels,
@@ -181,7 +179,7 @@ def _converge(models: Sequence[str], texts: TextOptions, options: ModelOptions,
 
 def _suite_sweep(suite: str, texts: TextOptions, layers: LayerSweepConfig, work: Path,
                  progress: bool | None) -> tuple[pd.DataFrame, list[ModelInfo]]:
-    from .sweep import SweepConfig, jobs_from_suite
+    from ..sweep import SweepConfig, jobs_from_suite
 
     jobs = jobs_from_suite(suite)
     res = SweepConfig(jobs=tuple(jobs), texts=texts, layers=layers,
@@ -227,7 +225,7 @@ def measure_pga_claims(models: Sequence[str], infos: Sequence[ModelInfo], *, n: 
                        progress: bool | None, suite: str | None = None,
                        only: Sequence[str] | None = None) -> list[ClaimVerdict]:
     """P1-P8 verdicts on ``models`` (the same signature as
-    ``claims_dispersion.measure_dispersion_claims``): the default texts (``builtin:domains``,
+    ``claims.dispersion.measure_dispersion_claims``): the default texts (``builtin:domains``,
     ``n`` of them, seeded), the default layer sweep, ``device`` / ``dtype`` for the models."""
     if not models:
         raise ConfigError("give at least one model")
@@ -239,5 +237,5 @@ def measure_pga_claims(models: Sequence[str], infos: Sequence[ModelInfo], *, n: 
     return pga_verdicts(meas, infos, seed=seed, only=only, suite=suite)
 
 
-__all__ = ["PGA_CLAIMS", "PgaMeasurements", "measure_pga", "measure_pga_claims",
+__all__ = ["PGA_CLAIMS", "PgaMeasurements", "measure_pga", "measure_pga_claims", "sweep_cache",
            "pga_verdicts", "wanted"]
