@@ -8,6 +8,7 @@ from conftest import CORPUS
 
 import lmgeom
 from lmgeom.activations import export as ex
+from lmgeom.activations import from_disk
 from lmgeom.errors import CacheError, ConfigError
 from lmgeom.texts import TextSet
 
@@ -116,7 +117,7 @@ def test_token_activations_export(tiny, tmp_path):
     enc = lmgeom.activations.encode_texts(tiny, TEXTS.texts, 512)
     for fmt in ("parquet", "hf"):
         (path,) = toks.export(tmp_path / f"tok-{fmt}", format=fmt)
-        back = ex.from_disk(path)
+        back = from_disk(path)
         n = int(toks.n_tokens.sum())
         assert back.states.shape == (2, n, tiny.width)
         for lb in ("1", "final"):
@@ -150,10 +151,10 @@ def test_foreign_files_are_refused(tmp_path):
 
     pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "f.parquet")
     with pytest.raises(CacheError, match="no lmgeom manifest"):
-        ex.from_disk(tmp_path / "f.parquet")
+        from_disk(tmp_path / "f.parquet")
     (tmp_path / "d").mkdir()
     with pytest.raises(CacheError, match="not a saved Hugging Face dataset"):
-        ex.from_disk(tmp_path / "d")
+        from_disk(tmp_path / "d")
 
 
 def test_cli_extract_formats_round_trip(tiny_dir, tmp_path, capsys):

@@ -532,7 +532,7 @@ def test_rerun_refuses_before_work_when_the_table_was_edited_by_hand(tiny_path, 
 def test_api_export_onto_a_foreign_file(tmp_path):
     import numpy as np
 
-    from lmgeom.activations.core import Activations
+    from lmgeom.activations import Activations
     from lmgeom.activations.export import export_activations
 
     acts = Activations(states=np.ones((1, 2, 3), np.float32), layers=("1",), model="m",

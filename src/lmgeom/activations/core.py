@@ -16,41 +16,33 @@ Design:
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import safetensors.numpy as stnp  # stnp.save_file at call time: tests fault-inject it
-from filelock import FileLock
-from safetensors import safe_open
 
-from .._io import atomic_path, sha256_bytes, stable_hash, write_json
-from .._paths import cache_dir as _cache_root
+from .._io import stable_hash
 from .._testing import pause
-from ..errors import CacheError, ConfigError, TextsError
+from ..errors import ConfigError, TextsError
 from ..texts import as_textset
+from .cache import EXTRACT_VERSION, ShardCache
 from .forward import (
     PADDING_SIDES,
     check_finite,
     dtype_name,
     length_batches,
     model_identity,
-    progress_bar,  # noqa: F401 - re-exported: callers import it from here
     run_batches,
 )
+from .states import Activations
 
 log = logging.getLogger(__name__)
 
-#: Bump when a change to this module changes the numbers it produces (part of cache keys).
-EXTRACT_VERSION = "1"
 POOLINGS = ("last", "mean", "tokens")
 
 
@@ -89,250 +81,6 @@ def encode_texts(model, texts: Sequence[str], max_length: int) -> Encoded:
     if n_trunc:
         log.info("%d of %d texts truncated to %d tokens", n_trunc, len(ids), max_length)
     return Encoded(tuple(ids), n_trunc, max_length)
-
-
-# ---------------------------------------------------------------------- results
-@dataclass
-class Activations:
-    """Pooled hidden states of one model on one text set.
-
-    Attributes:
-        states: ``(n_layers, N, d)`` float32; ``states[i]`` belongs to ``layers[i]``.
-            With ``pooling="tokens"`` N is the number of sampled tokens (see ``row_text``).
-        layers: point labels (``"0"``..``"L"``, ``"final"``, ``"ℓ.attn_out"``...).
-        model: the model spec; ``model_identity`` pins the weights.
-        texts_hash: content hash of the text set; ``text_ids`` / ``labels`` from it.
-        settings: pooling, max_length, dtype, batch_size, seed, ...
-        n_tokens: tokens per text after truncation, ``(n_texts,)``.
-        n_truncated: texts cut to ``max_length``.
-        row_text / row_pos: for ``tokens`` pooling, the text index and position of each row.
-        row_token: for ``tokens`` pooling, the token id at each row (None in older files).
-        key: the cache key.
-    """
-
-    states: np.ndarray
-    layers: tuple[str, ...]
-    model: str
-    model_identity: dict[str, Any]
-    texts_hash: str
-    text_ids: tuple[str, ...]
-    labels: tuple[str, ...] | None
-    settings: dict[str, Any]
-    n_tokens: np.ndarray
-    n_truncated: int
-    row_text: np.ndarray | None = None
-    row_pos: np.ndarray | None = None
-    key: str = ""
-    timings: dict[str, float] = field(default_factory=dict)
-    row_token: np.ndarray | None = None
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return tuple(self.states.shape)  # type: ignore[return-value]
-
-    def layer(self, label: str | int) -> np.ndarray:
-        """``(N, d)`` states of one point."""
-        label = str(label)
-        if label not in self.layers:
-            raise ConfigError(f"layer {label!r} was not extracted (have: {', '.join(self.layers)})")
-        return self.states[self.layers.index(label)]
-
-    __getitem__ = layer
-
-    def subset(self, indices: Sequence[int] | np.ndarray, *, texts_hash: str) -> Activations:
-        """The states of the texts at ``indices`` (positions in this set, increasing), as if
-        only they had been extracted: per-text rows for ``last`` / ``mean`` pooling, the
-        sampled token rows of those texts for ``tokens``. ``texts_hash`` is the hash of the
-        subset's :class:`~lmgeom.texts.TextSet` (``ts.subset(indices).hash``)."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        n = len(self.text_ids)
-        if idx.size == 0 or idx.min() < 0 or idx.max() >= n or np.any(np.diff(idx) <= 0):
-            raise ConfigError(f"subset: indices must be increasing positions in 0..{n - 1}")
-        row_text = row_pos = row_token = None
-        if self.row_text is None:
-            rows = idx
-        else:
-            keep = np.isin(self.row_text, idx)
-            rows = np.flatnonzero(keep)
-            row_text = np.searchsorted(idx, self.row_text[keep]).astype(self.row_text.dtype)
-            row_pos = self.row_pos[keep] if self.row_pos is not None else None
-            row_token = self.row_token[keep] if self.row_token is not None else None
-        digest = sha256_bytes(idx.tobytes())[:16]
-        return replace(
-            self, states=self.states[:, rows], texts_hash=texts_hash,
-            text_ids=tuple(self.text_ids[i] for i in idx.tolist()),
-            labels=None if self.labels is None else tuple(self.labels[i] for i in idx.tolist()),
-            n_tokens=self.n_tokens[idx], row_text=row_text, row_pos=row_pos, row_token=row_token,
-            n_truncated=int(np.sum(self.n_tokens[idx] >= int(self.settings["max_length"])))
-            if self.settings.get("max_length") else self.n_truncated,
-            key=f"{self.key}-subset-{digest}", timings={})
-
-    def manifest(self) -> dict[str, Any]:
-        return {
-            "format": "lmgeom.activations/1",
-            "layers": list(self.layers),
-            "model": self.model,
-            "model_identity": self.model_identity,
-            "texts_hash": self.texts_hash,
-            "text_ids": list(self.text_ids),
-            "labels": list(self.labels) if self.labels is not None else None,
-            "settings": self.settings,
-            "n_tokens": self.n_tokens.tolist(),
-            "n_truncated": self.n_truncated,
-            "key": self.key,
-            "shape": list(self.states.shape),
-        }
-
-    def save(self, path: str | os.PathLike[str]) -> tuple[Path, Path]:
-        """Write ``PATH.safetensors`` (tensors) and ``PATH.json`` (manifest), atomically."""
-        base = Path(path)
-        if base.suffix in (".safetensors", ".json"):
-            base = base.with_suffix("")
-        st, js = base.with_suffix(".safetensors"), base.with_suffix(".json")
-        tensors = {"states": np.ascontiguousarray(self.states)}
-        if self.row_text is not None:
-            tensors["row_text"] = self.row_text
-            tensors["row_pos"] = self.row_pos
-        if self.row_token is not None:
-            tensors["row_token"] = self.row_token
-        digest = _digest(tensors)
-        need = sum(v.nbytes for v in tensors.values()) + 4096
-        with atomic_path(st, need=need) as tmp:
-            stnp.save_file(tensors, str(tmp), metadata={"sha256": digest})
-        write_json(js, {**self.manifest(), "sha256": digest})
-        return st, js
-
-    # data formats (activations/export.py)
-    def export(self, out: str | os.PathLike[str], *, format: str = "safetensors",
-               push_to_hub: str | None = None) -> list[Path]:
-        """Write as ``safetensors`` / ``parquet`` / ``hf``; see :func:`export_activations`."""
-        from .export import export_activations
-
-        return export_activations(self, out, format=format, push_to_hub=push_to_hub)
-
-    def to_dataset(self):
-        """A ``datasets.Dataset``: one row per text (or sampled token), a column per layer."""
-        from .export import to_dataset
-
-        return to_dataset(self)
-
-    def to_pandas(self, layer: str | int):
-        """One layer as a DataFrame: ``id``, ``label`` (token rows add ``text_index``,
-        ``position``, ``token_id``), then ``dim_0 .. dim_{d-1}``."""
-        from .export import to_pandas
-
-        return to_pandas(self, layer)
-
-    @classmethod
-    def from_disk(cls, path: str | os.PathLike[str]) -> Activations:
-        """Read a safetensors pair, a ``.parquet`` file or an ``hf`` dataset folder."""
-        from .export import from_disk
-
-        return from_disk(path)
-
-
-def load_activations(path: str | os.PathLike[str]) -> Activations:
-    """Load an activations file written by :meth:`Activations.save` / ``lmgeom extract``.
-
-    Only safetensors and JSON are read (no pickle); the contents are checked against the
-    recorded sha256.
-    """
-    base = Path(path)
-    if base.suffix in (".safetensors", ".json"):
-        base = base.with_suffix("")
-    st, js = base.with_suffix(".safetensors"), base.with_suffix(".json")
-    for p in (st, js):
-        if not p.is_file():
-            raise CacheError(f"activations file {p} does not exist")
-    try:
-        man = json.loads(js.read_text())
-        tensors = stnp.load_file(str(st))
-    except Exception as exc:
-        raise CacheError(f"cannot read activations {st}: {exc}") from exc
-    if man.get("sha256") and _digest(tensors) != man["sha256"]:
-        raise CacheError(f"activations file {st} is corrupt (checksum mismatch); re-extract it")
-    return Activations(
-        states=tensors["states"],
-        layers=tuple(man["layers"]),
-        model=man["model"],
-        model_identity=man["model_identity"],
-        texts_hash=man["texts_hash"],
-        text_ids=tuple(man["text_ids"]),
-        labels=tuple(man["labels"]) if man.get("labels") is not None else None,
-        settings=man["settings"],
-        n_tokens=np.asarray(man["n_tokens"], dtype=np.int64),
-        n_truncated=int(man["n_truncated"]),
-        row_text=tensors.get("row_text"),
-        row_pos=tensors.get("row_pos"),
-        key=man.get("key", ""),
-        row_token=tensors.get("row_token"),
-    )
-
-
-def _digest(tensors: dict[str, np.ndarray]) -> str:
-    parts = []
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        parts.append(f"{name}:{a.dtype}:{a.shape}:".encode() + sha256_bytes(a.tobytes()).encode())
-    return sha256_bytes(b"|".join(parts))
-
-
-# ---------------------------------------------------------------------- cache
-class ShardCache:
-    """A folder of verified shards ``shard-XXXXX.safetensors`` for one cache key."""
-
-    def __init__(self, key: str, settings: dict[str, Any], enabled: bool, root: Path | None):
-        self.enabled = enabled
-        self.key = key
-        self.dir = (root or _cache_root("activations", create=enabled)) / key
-        if enabled:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            meta = self.dir / "meta.json"
-            if not meta.is_file():
-                write_json(meta, settings)
-
-    def path(self, i: int) -> Path:
-        return self.dir / f"shard-{i:05d}.safetensors"
-
-    def get(self, i: int) -> dict[str, np.ndarray] | None:
-        if not self.enabled:
-            return None
-        p = self.path(i)
-        if not p.is_file():
-            return None
-
-        try:
-            with safe_open(str(p), framework="np") as fh:
-                want = (fh.metadata() or {}).get("sha256")
-            tensors = stnp.load_file(str(p))
-            if want is None or _digest(tensors) != want:
-                raise ValueError("checksum mismatch")
-            return tensors
-        except Exception as exc:  # corrupt or truncated: never use it, recompute
-            log.warning("cache shard %s is corrupt (%s); recomputing it", p.name, exc)
-            p.unlink(missing_ok=True)
-            return None
-
-    def put(self, i: int, tensors: dict[str, np.ndarray]) -> None:
-        if not self.enabled:
-            return
-
-        tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-        need = sum(v.nbytes for v in tensors.values()) + 4096
-        with atomic_path(self.path(i), need=need) as tmp:
-            stnp.save_file(tensors, str(tmp), metadata={"sha256": _digest(tensors)})
-
-    def drop_stale(self) -> None:
-        """Remove temporaries a killed writer left (call with the lock held)."""
-        if self.enabled:
-            for stale in self.dir.glob(".*.tmp"):
-                stale.unlink(missing_ok=True)
-
-    def lock(self):
-        if not self.enabled:
-            return contextlib.nullcontext()
-
-        return FileLock(str(self.dir) + ".lock")
 
 
 # ---------------------------------------------------------------------- extract
@@ -585,8 +333,3 @@ def _assemble(shards, n_texts: int, pooling: str):
     return states, None, None
 
 
-def clear_cache(key: str | None = None) -> None:
-    """Delete one activations cache entry (or all of them)."""
-    root = _cache_root("activations")
-    target = root / key if key else root
-    shutil.rmtree(target, ignore_errors=True)

@@ -1,4 +1,7 @@
-"""Activations as data: safetensors, parquet, or a Hugging Face (Arrow) dataset, and back.
+"""Activations as data: the writers for safetensors, parquet and a Hugging Face (Arrow) dataset.
+
+The readers (:func:`~lmgeom.activations.from_disk`) live with the classes they rebuild, in
+:mod:`lmgeom.activations.states`; this module imports no sibling.
 
 Formats (:data:`FORMATS`):
 
@@ -46,8 +49,6 @@ import numpy as np
 from .._io import atomic_path, record_tree, remove_written
 from .._paths import cache_dir
 from ..errors import CacheError, ConfigError
-from .core import Activations, load_activations
-from .tokens import TokenActivations
 
 FORMATS = ("safetensors", "parquet", "hf")
 #: Schema-metadata key (parquet) / description prefix (hf) holding the manifest.
@@ -57,7 +58,18 @@ GROUP_BYTES = 64 << 20
 _TOKEN_COLUMNS = ("text_index", "position", "token_id")
 _REPO_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
-AnyActivations = Activations | TokenActivations
+#: What the writers take: pooled :class:`~lmgeom.activations.Activations` (it has ``states``)
+#: or :class:`~lmgeom.activations.TokenActivations` (its states stay in shards on disk). The
+#: writers read attributes only, so this module imports neither class: they sit above it.
+AnyActivations = Any
+
+
+def _pooled(acts: AnyActivations) -> bool:
+    return hasattr(acts, "states")
+
+
+def _token_shards(acts: AnyActivations) -> bool:
+    return hasattr(acts, "iter_layer") and hasattr(acts, "folder")
 
 
 # ---------------------------------------------------------------------- public API
@@ -133,10 +145,10 @@ def check_export(acts: Any, *, format: str, push_to_hub: str | None = None) -> N
     """Validate export options without writing anything (what the CLI calls before a run)."""
     if format not in FORMATS:
         raise ConfigError(f"unknown activations format {format!r} (use one of {', '.join(FORMATS)})")
-    if acts is not None and not isinstance(acts, (Activations, TokenActivations)):
+    if acts is not None and not (_pooled(acts) or _token_shards(acts)):
         raise ConfigError(f"cannot export a {type(acts).__name__}: expected Activations or "
                           "TokenActivations (from lmgeom.extract / extract_tokens)")
-    if format == "safetensors" and isinstance(acts, TokenActivations):
+    if format == "safetensors" and _token_shards(acts):
         raise ConfigError("token-level activations (extract_tokens) export as parquet or hf, "
                           "not safetensors: use format='parquet' or format='hf'")
     if push_to_hub is None:
@@ -154,23 +166,6 @@ def check_export(acts: Any, *, format: str, push_to_hub: str | None = None) -> N
                           "datasets.load_from_disk(OUT).push_to_hub(REPO)")
 
 
-def from_disk(path: str | os.PathLike[str]) -> Activations:
-    """Read activations written in any of :data:`FORMATS` (detected from the path).
-
-    A folder with ``dataset_info.json`` is an ``hf`` dataset, ``*.parquet`` is parquet, and a
-    stem / ``.safetensors`` / ``.json`` is the safetensors pair. Values come back bit-equal.
-    """
-    p = Path(path)
-    if p.is_dir():
-        if not (p / "dataset_info.json").is_file() and not (p / "state.json").is_file():
-            raise CacheError(f"{p} is a folder but not a saved Hugging Face dataset "
-                             "(no dataset_info.json / state.json)")
-        return read_hf(p)
-    if p.suffix == ".parquet":
-        return read_parquet(p)
-    return load_activations(p)
-
-
 def to_pandas(acts: AnyActivations, layer: str | int):
     """One layer as a ``pandas.DataFrame``: the key columns (``id``, ``label``, and for
     token rows ``text_index``, ``position``, ``token_id``), then one float32 column per
@@ -184,7 +179,7 @@ def to_pandas(acts: AnyActivations, layer: str | int):
     keys: dict[str, Any] = {}
     blocks = []
     for batch in record_batches(acts, layers=(label,)):
-        blocks.append(_column_matrix(batch.column(label)))
+        blocks.append(column_matrix(batch.column(label)))
         for name in batch.schema.names:
             if name != label:
                 keys.setdefault(name, []).append(batch.column(name).to_numpy(zero_copy_only=False))
@@ -203,17 +198,17 @@ def to_dataset(acts: AnyActivations, *, rows_per_group: int | None = None):
 
 # ---------------------------------------------------------------------- rows
 def _is_tokens(acts: AnyActivations) -> bool:
-    return isinstance(acts, TokenActivations) or acts.row_text is not None
+    return _token_shards(acts) or acts.row_text is not None
 
 
 def _width(acts: AnyActivations) -> int:
-    if isinstance(acts, Activations):
+    if _pooled(acts):
         return int(acts.states.shape[2])
     return int(acts.get(0, acts.layers[0]).shape[1])
 
 
 def _n_rows(acts: AnyActivations) -> int:
-    if isinstance(acts, Activations):
+    if _pooled(acts):
         return int(acts.states.shape[1])
     return int(np.sum(acts.n_tokens))
 
@@ -240,7 +235,7 @@ def schema(acts: AnyActivations, layers: tuple[str, ...] | None = None):
 
 def manifest(acts: AnyActivations) -> dict[str, Any]:
     """The JSON manifest stored with an export."""
-    if isinstance(acts, Activations):
+    if _pooled(acts):
         man = acts.manifest()
         man["row_kind"] = "token" if acts.row_text is not None else "text"
         return man
@@ -260,7 +255,7 @@ def record_batches(acts: AnyActivations, *, rows_per_group: int | None = None,
     layers = tuple(layers or acts.layers)
     n = _group_rows(acts, rows_per_group)
     sch = schema(acts, layers)
-    if isinstance(acts, Activations):
+    if _pooled(acts):
         yield from _pooled_batches(acts, n, layers, sch)
     else:
         yield from _token_batches(acts, n, layers, sch)
@@ -284,7 +279,7 @@ def _vectors(block: np.ndarray, d: int):
     return pa.FixedSizeListArray.from_arrays(flat, d)
 
 
-def _pooled_batches(acts: Activations, n: int, layers, sch):
+def _pooled_batches(acts: AnyActivations, n: int, layers, sch):
     import pyarrow as pa
 
     N, d = acts.states.shape[1], acts.states.shape[2]
@@ -302,7 +297,7 @@ def _pooled_batches(acts: Activations, n: int, layers, sch):
         yield pa.RecordBatch.from_arrays(cols, schema=sch)
 
 
-def _token_batches(acts: TokenActivations, n: int, layers, sch):
+def _token_batches(acts: AnyActivations, n: int, layers, sch):
     import pyarrow as pa
 
     d = _width(acts)
@@ -413,8 +408,9 @@ def _push(path: Path, repo: str) -> None:  # pragma: no cover - needs a reachabl
         ) from exc
 
 
-# ---------------------------------------------------------------------- readers
-def _column_matrix(col) -> np.ndarray:
+# ---------------------------------------------------------------------- columns
+def column_matrix(col) -> np.ndarray:
+    """An Arrow ``fixed_size_list<float32>[d]`` column as an ``(N, d)`` array."""
     import pyarrow as pa
 
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
@@ -422,68 +418,3 @@ def _column_matrix(col) -> np.ndarray:
     parts = [c.values.slice(c.offset * d, len(c) * d).to_numpy(zero_copy_only=False).reshape(-1, d)
              for c in chunks if len(c)]
     return np.concatenate(parts) if parts else np.zeros((0, d), np.float32)
-
-
-def _from_table(get_column, man: dict[str, Any], n_rows: int) -> Activations:
-    layers = tuple(man["layers"])
-    d = int(man["shape"][2])
-    states = np.empty((len(layers), n_rows, d), dtype=np.float32)
-    for i, lb in enumerate(layers):  # one layer at a time
-        states[i] = _column_matrix(get_column(lb))
-    row_text = row_pos = row_token = None
-    if man.get("row_kind") == "token":
-        row_text = np.asarray(get_column("text_index").to_numpy(), dtype=np.int64)
-        row_pos = np.asarray(get_column("position").to_numpy(), dtype=np.int64)
-        tok = get_column("token_id")
-        row_token = None if tok.null_count == len(tok) else np.asarray(
-            tok.to_numpy(zero_copy_only=False), dtype=np.int64)
-    return Activations(
-        states=states, layers=layers, model=man["model"],
-        model_identity=man.get("model_identity") or {}, texts_hash=man.get("texts_hash", ""),
-        text_ids=tuple(man.get("text_ids") or ()),
-        labels=tuple(man["labels"]) if man.get("labels") is not None else None,
-        settings=man.get("settings") or {},
-        n_tokens=np.asarray(man.get("n_tokens") or [], dtype=np.int64),
-        n_truncated=int(man.get("n_truncated", 0)), row_text=row_text, row_pos=row_pos,
-        row_token=row_token, key=man.get("key", ""),
-    )
-
-
-def _manifest_from(raw: str | bytes | None, where: Path) -> dict[str, Any]:
-    if not raw:
-        raise CacheError(f"{where} has no lmgeom manifest: it was not written by lmgeom "
-                         "(export_activations / lmgeom extract --format)")
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise CacheError(f"{where}: unreadable lmgeom manifest ({exc})") from exc
-
-
-def read_parquet(path: str | os.PathLike[str]) -> Activations:
-    """Read a parquet export back into :class:`Activations` (layer by layer)."""
-    import pyarrow.parquet as pq
-
-    path = Path(path)
-    if not path.is_file():
-        raise CacheError(f"activations file {path} does not exist")
-    try:
-        pf = pq.ParquetFile(str(path))
-    except Exception as exc:
-        raise CacheError(f"cannot read {path} as parquet: {exc}") from exc
-    meta = pf.schema_arrow.metadata or {}
-    man = _manifest_from(meta.get(META_KEY.encode()), path)
-    return _from_table(lambda c: pf.read(columns=[c]).column(c), man, pf.metadata.num_rows)
-
-
-def read_hf(path: str | os.PathLike[str]) -> Activations:
-    """Read an ``hf`` export (a ``save_to_disk`` folder) back into :class:`Activations`."""
-    import datasets
-
-    path = Path(path)
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except Exception as exc:
-        raise CacheError(f"cannot load the dataset {path}: {exc}") from exc
-    man = _manifest_from(ds.info.description, path)
-    table = ds.data
-    return _from_table(table.column, man, ds.num_rows)

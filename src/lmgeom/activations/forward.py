@@ -17,7 +17,7 @@ tensor; this module does the rest:
   batch)`` is called inside the hook, so nothing per layer is kept at full size unless the
   caller keeps it; with ``stop_early`` the forward stops after the last block a point needs;
 * **progress** (:func:`progress_bar`), ``torch.no_grad``, a check that every hook fired, and
-  optional **resumable shards** (``store``: a :class:`~lmgeom.activations.core.ShardCache`):
+  optional **resumable shards** (``store``: a :class:`~lmgeom.activations.cache.ShardCache`):
   a batch whose shard exists is not run again.
 
 Pads never enter a result: under the causal mask a real token never attends to a pad (right
@@ -287,7 +287,7 @@ def run_batches(
         batch_size: rows per batch when ``batches`` is not given.
         padding_side: ``"right"`` (default) or ``"left"``.
         stop_early: see :func:`forward_batch`.
-        store: a :class:`~lmgeom.activations.core.ShardCache` (``get(i)`` / ``put(i, arrays)``)
+        store: a :class:`~lmgeom.activations.cache.ShardCache` (``get(i)`` / ``put(i, arrays)``)
             or ``None``.
         progress: progress bar (default: when stderr is a terminal).
         desc: its label.

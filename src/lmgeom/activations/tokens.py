@@ -7,75 +7,19 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from safetensors import safe_open
 
 from .._io import stable_hash
-from ..errors import ConfigError, TextsError
+from ..errors import TextsError
 from ..texts import as_textset
-from .core import EXTRACT_VERSION, ShardCache, encode_texts
+from .cache import EXTRACT_VERSION, ShardCache
+from .core import encode_texts
 from .forward import check_finite, dtype_name, model_identity, run_batches
+from .states import TokenActivations
 
-__all__ = ["TokenActivations", "extract_tokens"]
-
-
-@dataclass
-class TokenActivations:
-    """Each text's ``(T_i, d)`` states at chosen points, stored on disk in shards.
-
-    Nothing is held in memory: :meth:`get` and :meth:`iter_layer` read one shard at a time
-    (safetensors, memory-mapped).
-    """
-
-    folder: Path
-    layers: tuple[str, ...]
-    n_texts: int
-    n_tokens: np.ndarray
-    model: str
-    settings: dict[str, Any]
-    _where: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
-    text_ids: tuple[str, ...] = ()
-    labels: tuple[str, ...] | None = None
-    texts_hash: str = ""
-    token_ids: tuple[np.ndarray, ...] = field(default=(), repr=False)
-
-    def __len__(self) -> int:
-        return self.n_texts
-
-    def _shard(self, s: int) -> Path:
-        return self.folder / f"shard-{s:05d}.safetensors"
-
-    def get(self, i: int, layer: str) -> np.ndarray:
-        """``(T_i, d)`` float32 states of text ``i`` at ``layer``."""
-        if layer not in self.layers:
-            raise ConfigError(f"layer {layer!r} was not extracted (have: {', '.join(self.layers)})")
-        s, j = self._where[i]
-        with safe_open(str(self._shard(s)), framework="np") as fh:
-            off = fh.get_tensor("offsets")
-            x = fh.get_slice(f"h:{layer}")[int(off[j]) : int(off[j + 1])]
-        return np.asarray(x)
-
-    def iter_layer(self, layer: str):
-        """Yield ``(text_index, (T_i, d) array)`` for every text at ``layer``."""
-        for i in range(self.n_texts):
-            yield i, self.get(i, layer)
-
-    def export(self, out: str | os.PathLike[str], *, format: str = "parquet",
-               push_to_hub: str | None = None) -> list[Path]:
-        """Write one row per token as ``parquet`` / ``hf``; see :func:`export_activations`."""
-        from .export import export_activations  # export imports this module
-
-        return export_activations(self, out, format=format, push_to_hub=push_to_hub)
-
-    def to_dataset(self):
-        """A ``datasets.Dataset`` with one row per token (text id, position, token id)."""
-        from .export import to_dataset  # export imports this module
-
-        return to_dataset(self)
+__all__ = ["extract_tokens"]
 
 
 def extract_tokens(

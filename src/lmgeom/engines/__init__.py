@@ -6,16 +6,9 @@ numbers. :mod:`lmgeom.engines.ray_extract` holds the model-holding Ray actors of
 extraction.
 """
 
-from .base import (
-    ENGINES,
-    NOT_RETRYABLE,
-    ClusterError,
-    Engine,
-    EngineConfig,
-    TaskOutcome,
-    make_engine,
-    map_calls,
-)
+from ..errors import ClusterError
+from .base import ENGINES, NOT_RETRYABLE, Engine, EngineConfig, TaskOutcome
+from .factory import make_engine, map_calls
 
 __all__ = ["ENGINES", "NOT_RETRYABLE", "ClusterError", "Engine", "EngineConfig", "TaskOutcome",
            "make_engine", "map_calls"]

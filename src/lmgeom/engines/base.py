@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import ClusterError, ConfigError, LmgeomError  # noqa: F401 - ClusterError re-exported
+from ..errors import ConfigError, LmgeomError
 
 log = logging.getLogger(__name__)
 
@@ -195,21 +195,3 @@ class Engine(Protocol):
             ``1 + config.retries`` times; a user error once.
         """
         ...
-
-
-def make_engine(config: EngineConfig | str = "local") -> Engine:
-    """The engine for ``config`` (an :class:`EngineConfig` or just its name); ``ray`` starts
-    or joins Ray now and checks the requested resources, before any work is done."""
-    cfg = config if isinstance(config, EngineConfig) else EngineConfig(engine=str(config))
-    if cfg.engine == "ray":
-        from .ray_cluster import RayEngine
-
-        return RayEngine(cfg)
-    from .local import LocalEngine
-
-    return LocalEngine(cfg)
-
-
-def map_calls(fn: Callable[..., Any], calls: Sequence[Call], cfg: EngineConfig | str, **kw: Any):
-    """``make_engine(cfg).map(fn, calls, **kw)``."""
-    return make_engine(cfg).map(fn, calls, **kw)

@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 
 from .._testing import hold
-from ..activations.core import Activations, plan_extraction, progress_bar
-from ..errors import ConfigError, LmgeomError, TextsError
+from ..activations import Activations, plan_extraction, progress_bar
+from ..errors import ClusterError, ConfigError, LmgeomError, TextsError
 from ..texts import as_textset
-from .base import ClusterError, EngineConfig
+from .base import EngineConfig
 from .ray_cluster import ensure_ray, forwarded_env
 
 log = logging.getLogger(__name__)

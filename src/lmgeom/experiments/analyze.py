@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from ..activations import extract
-from ..engines.base import EngineConfig, make_engine
+from ..engines import EngineConfig, make_engine
 from ..errors import ConfigError
 from ..metrics.sample_size import split_flags, warn_low_sample
 from ..models.bundled import DEFAULT_MODEL

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..activations import extract
-from ..activations.core import progress_bar
+from ..activations.forward import progress_bar
 from ..errors import ConfigError, LmgeomError
 from ..metrics import cross_model_alignment
 from ..metrics.regime import parse_setting

@@ -19,7 +19,7 @@ import pandas as pd
 from scipy import stats
 
 from ..activations import extract
-from ..activations.core import progress_bar
+from ..activations.forward import progress_bar
 from ..errors import LmgeomError, TextsError
 from ..metrics import probe_accuracy
 from ..metrics.sample_size import warn_low_sample

@@ -41,8 +41,8 @@ import numpy as np
 import pandas as pd
 
 from .._io import atomic_path, write_json
-from ..activations.core import progress_bar
-from ..engines.base import EngineConfig, make_engine
+from ..activations.forward import progress_bar
+from ..engines import EngineConfig, make_engine
 from ..errors import ConfigError
 from ..metrics.regime import regimes_from_table
 from ..metrics.sample_size import join_flags, split_flags

@@ -27,7 +27,7 @@ import numpy as np
 
 from .._io import sha256_bytes, stable_hash
 from .._paths import cache_dir
-from ..activations.core import ShardCache
+from ..activations.cache import ShardCache
 from ..activations.forward import (
     check_finite,
     dtype_name,
