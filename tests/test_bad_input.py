@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import CORPUS
 
 import lmgeom
 from lmgeom import metrics as M
 from lmgeom.cli import main
 from lmgeom.errors import CacheError, ConfigError, DataError, ModelError, TextsError
-from conftest import CORPUS
 
 
 def _cli_error(argv, capsys) -> str:

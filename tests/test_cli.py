@@ -119,13 +119,8 @@ def test_option_group_mechanism():
     import argparse
     from dataclasses import dataclass, field
 
-    from lmgeom.commands.options import (
-        add_options,
-        arg,
-        field_docs,
-        options_from_args,
-        positive_int,
-    )
+    from lmgeom.commands.options import add_options, arg, field_docs, options_from_args
+    from lmgeom.commands.types import positive_int
 
     @dataclass(frozen=True)
     class Group:

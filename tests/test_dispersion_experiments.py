@@ -16,7 +16,6 @@ import torch
 import lmgeom
 from lmgeom.cli import main
 from lmgeom.errors import ConfigError, DataError, TextsError
-from lmgeom.results import table
 from lmgeom.experiments.clusters import (
     ClusterConfig,
     cluster_rows,
@@ -32,10 +31,11 @@ from lmgeom.experiments.dispersion import (
     measure_chunks,
 )
 from lmgeom.experiments.hardness import HardnessConfig, rank_hardness
+from lmgeom.lm import perplexity
 from lmgeom.metrics.dispersion import group_means
 from lmgeom.metrics.uncertainty import quantile_overlap
+from lmgeom.results import table
 from lmgeom.texts.chunks import Chunks, make_chunks
-from lmgeom.lm import perplexity
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",

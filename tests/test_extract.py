@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import CORPUS
 
 import lmgeom
 from lmgeom.activations import extract, extract_tokens, load_activations
 from lmgeom.errors import CacheError, ConfigError, TextsError
-from conftest import CORPUS
 
 
 @pytest.fixture(scope="module")

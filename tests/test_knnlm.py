@@ -20,25 +20,16 @@ from conftest import CORPUS
 import lmgeom
 from lmgeom.cli import main
 from lmgeom.errors import ConfigError, DataError
-from lmgeom.experiments.knnlm import (
-    KnnConfig,
-    pooled_dispersion,
-    run_knnlm,
-    split_corpus,
-    unit_sum,
-)
+from lmgeom.experiments.knnlm import KnnConfig, pooled_dispersion, run_knnlm, split_corpus, unit_sum
 from lmgeom.lm import forward_chunks
+from lmgeom.lm.datastore import Datastore, IndexSpec, build_datastores, require_faiss
+from lmgeom.lm.knn_states import position_states
 from lmgeom.lm.knnlm import (
-    Datastore,
-    IndexSpec,
-    build_datastores,
     evaluate,
     interpolate,
     knn_distribution,
     knn_log_prob,
     perplexity_of,
-    position_states,
-    require_faiss,
     resolve_temperature,
 )
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import CORPUS, FAMILIES
 
 import lmgeom
 from lmgeom.errors import ConfigError
-from conftest import CORPUS, FAMILIES
 
 TEXTS = CORPUS[:6]
 

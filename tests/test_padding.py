@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import CORPUS, FAMILIES
 
 import lmgeom
-from conftest import CORPUS, FAMILIES
 from lmgeom.activations.core import encode_texts
 from lmgeom.activations.forward import Batch, forward_batch, pad_batch, position_ids_from_mask
-from lmgeom.lm.perplexity import forward_chunks
+from lmgeom.lm.scoring import forward_chunks
 
 SHORT = "Hi there."
 LONG = [CORPUS[0] + " " + CORPUS[3], CORPUS[1]]

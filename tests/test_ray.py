@@ -47,7 +47,8 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
-    from lmgeom.training.suite import SuiteConfig, train_suite
+    from lmgeom.training.suite import train_suite
+    from lmgeom.training.suite_config import SuiteConfig
 
     base = tmp_path_factory.mktemp("ray-suite")
     corpus = base / "train.txt"
@@ -143,8 +144,8 @@ def test_local_engine_retries_the_same_way(cluster, suite, tmp_path):
 
 def test_extract_ray_fills_the_cache_local_reads(cluster, tiny_dir, tmp_path, monkeypatch):
     from lmgeom import extract, load_model
-    from lmgeom.engines.ray_extract import extract_distributed
     from lmgeom.engines.base import EngineConfig
+    from lmgeom.engines.ray_extract import extract_distributed
 
     folder = str(tiny_dir("llama"))
     texts = _texts(40, seed=3)

@@ -170,7 +170,8 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
-    from lmgeom.training.suite import SuiteConfig, train_suite
+    from lmgeom.training.suite import train_suite
+    from lmgeom.training.suite_config import SuiteConfig
 
     base = tmp_path_factory.mktemp("cluster-suite")
     corpus = base / "train.txt"

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import paused_at, wait_paused
 
 import lmgeom
 from lmgeom.activations import extract, load_activations
-from conftest import paused_at, wait_paused
 
 pytestmark = pytest.mark.slow
 

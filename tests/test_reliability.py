@@ -8,16 +8,14 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
+from conftest import CORPUS, assert_same_table, paused_at, release, wait_paused
 
 import lmgeom
 from lmgeom import metrics as M
 from lmgeom.cli import main
-from conftest import CORPUS, assert_same_table, paused_at, release, wait_paused
 
 
 def _corpus(tmp_path, n=40):

@@ -18,15 +18,14 @@ import lmgeom
 from lmgeom.cli import main
 from lmgeom.errors import ConfigError, ModelError
 from lmgeom.experiments.select import (
-    MIN_N_CI,
     domain_token_ids,
     domain_words,
     filter_candidates,
     general_token_ids,
-    rank_agreement,
     scored_bytes,
     suite_candidates,
 )
+from lmgeom.metrics.uncertainty import MIN_N_CI, rank_agreement
 from lmgeom.texts import load_texts
 
 MATH_TEXTS = [

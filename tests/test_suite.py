@@ -18,16 +18,10 @@ import torch
 from lmgeom import load_model
 from lmgeom.errors import CacheError, ConfigError
 from lmgeom.training.schedule import BatchSchedule
-from lmgeom.training.suite import (
-    ORDER_STREAM,
-    SuiteConfig,
-    build_model,
-    checkpoint_steps,
-    model_shape,
-    suite_checkpoints,
-    train_suite,
-    write_manifest,
-)
+from lmgeom.training.suite import train_suite
+from lmgeom.training.suite_config import SuiteConfig, checkpoint_steps, model_shape
+from lmgeom.training.suite_manifest import suite_checkpoints, write_manifest
+from lmgeom.training.suite_width import ORDER_STREAM, build_model
 
 
 def write_corpus(path: Path, n: int = 300, seed: int = 0) -> Path:

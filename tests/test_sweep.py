@@ -96,8 +96,8 @@ def test_regime_errors_and_rows():
 
 
 def test_regimes_from_table_and_tracked_layers():
-    from lmgeom.results import table
     from lmgeom.experiments.sweep import tracked_layers, trajectory_rows
+    from lmgeom.results import table
 
     rows = []
     for rev, z1 in (("step0", prof(1, 2, 3, 2, 2, 3)), ("step8", prof(1, 3, 1, -1, -2, 3))):
@@ -124,7 +124,8 @@ def test_regimes_from_table_and_tracked_layers():
 
 
 def test_resolve_k_and_step_of():
-    from lmgeom.experiments.sweep import resolve_k, step_of
+    from lmgeom.experiments.analyze import resolve_k
+    from lmgeom.results.table import step_of
 
     assert [resolve_k("auto", d) for d in (16, 64, 128, 256, 512, 2048)] == [4, 16, 32, 64, 100, 100]
     assert resolve_k(8, 512) == 8 and resolve_k("12", 64) == 12
@@ -143,7 +144,8 @@ def _texts(n: int = 24, seed: int = 0) -> list[str]:
 
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
-    from lmgeom.training.suite import SuiteConfig, train_suite
+    from lmgeom.training.suite import train_suite
+    from lmgeom.training.suite_config import SuiteConfig
 
     base = tmp_path_factory.mktemp("sweep")
     corpus = base / "train.txt"

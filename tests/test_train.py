@@ -13,9 +13,14 @@ import torch
 from lmgeom.cli import main
 from lmgeom.errors import ConfigError
 from lmgeom.experiments.base import experiment_for, run_experiment
-from lmgeom.experiments.finetune import FinetuneConfig
-from lmgeom.experiments.finetune_data import Domain, batch_arrays, domain_schedule, prepare_data
-from lmgeom.experiments.finetune_eval import evaluate
+from lmgeom.experiments.finetune import (
+    Domain,
+    FinetuneConfig,
+    batch_arrays,
+    domain_schedule,
+    evaluate,
+    prepare_data,
+)
 from lmgeom.texts import as_textset
 
 WORDS = {

@@ -16,7 +16,9 @@ from test_suite import write_corpus
 from lmgeom.cli import main
 from lmgeom.errors import ConfigError
 from lmgeom.training.geometry import GEOMETRY_FILE, read_geometry
-from lmgeom.training.suite import SuiteConfig, checkpoint_steps, suite_checkpoints, train_suite
+from lmgeom.training.suite import train_suite
+from lmgeom.training.suite_config import SuiteConfig, checkpoint_steps
+from lmgeom.training.suite_manifest import suite_checkpoints
 
 METRICS = {"pga_z", "dispersion", "pc1_share", "rankme"}
 
@@ -126,7 +128,7 @@ def test_regulariser_names_agree():
 def test_t_interval_matches_scipy():
     from scipy import stats
 
-    from lmgeom.experiments.finetune_compare import t_interval
+    from lmgeom.experiments.finetune import t_interval
 
     x = [0.3, -0.1, 0.7, 0.2]
     m, lo, hi = t_interval(x)
@@ -137,7 +139,7 @@ def test_t_interval_matches_scipy():
 
 
 def test_compare_over_seeds_end_to_end(tiny_dir, tmp_path, capsys):
-    from lmgeom.experiments.finetune_compare import seed_changes
+    from lmgeom.experiments.finetune import seed_changes
 
     corpus = tmp_path / "prose.txt"
     corpus.write_text("\n".join(f"a river {i} crosses the valley {i % 5} again" for i in range(40)))

@@ -38,3 +38,8 @@ def __getattr__(name: str) -> Any:
         mod = importlib.import_module(_LAZY[name])
         return mod if name == "metrics" else getattr(mod, name)
     raise AttributeError(f"module 'lmgeom' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """``dir(lmgeom)`` lists the lazy public API too (and tab completion finds it)."""
+    return sorted({*globals(), *__all__})

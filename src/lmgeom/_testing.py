@@ -20,7 +20,6 @@ import time
 
 from ._env import hold_seconds
 
-
 _pause_calls: dict[str, int] = {}
 
 

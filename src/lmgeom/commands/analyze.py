@@ -8,21 +8,16 @@ from dataclasses import dataclass, field
 from ..models.bundled import DEFAULT_MODEL
 from .options import (
     add_engine_args,
-    add_extract_args,
-    add_model_args,
+    add_experiment_args,
     add_options,
-    add_run_args,
-    add_texts_args,
     arg,
     default_out,
     engine_from_args,
-    int_range,
-    model_options_from_args,
+    inputs_from_args,
     options_from_args,
-    positive_int,
     run_and_report,
-    text_options_from_args,
 )
+from .types import int_range, positive_int
 
 NAME = "analyze"
 HELP = "layer sweep (PGA z for several CCR levels, PC1 share, spectra, logit lens) + HTML report"
@@ -85,12 +80,7 @@ def add_pga_args(p: argparse.ArgumentParser, *, ccr: str = "0,1,5,10", **kw):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p, multiple=True)
-    add_texts_args(p)
-    add_extract_args(p)
-    add_pga_args(p)
-    add_options(p, AnalyzeArgs)
-    add_run_args(p, out=None)
+    add_experiment_args(p, add_pga_args, AnalyzeArgs, multiple=True)
     add_engine_args(p)
 
 
@@ -109,7 +99,7 @@ def run(args) -> int:
 
     models = tuple(args.model or [DEFAULT_MODEL])
     config = AnalyzeConfig(
-        models=models, texts=text_options_from_args(args), model=model_options_from_args(args),
+        models=models, **inputs_from_args(args),
         layers=layer_config_from_args(args, logit_lens=not args.no_logit_lens),
         probes=not args.no_probes, folds=args.folds, cache=not args.no_cache,
         engine=engine_from_args(args), log_samples=args.log_samples)

@@ -9,18 +9,14 @@ from pathlib import Path
 from ..errors import ConfigError
 from .analyze import add_pga_args, layer_config_from_args
 from .options import (
-    add_extract_args,
-    add_model_args,
-    add_options,
-    add_run_args,
-    add_texts_args,
+    add_experiment_args,
     arg,
     default_out,
-    int_range,
     model_options_from_args,
     run_and_report,
     text_options_from_args,
 )
+from .types import int_range
 
 NAME = "claims"
 #: the papers' number of texts, ``--n``'s default
@@ -69,12 +65,8 @@ class ClaimsArgs:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p, multiple=True)
-    add_texts_args(p, n=DEFAULT_N)
-    add_extract_args(p)
-    add_pga_args(p)
-    add_options(p, ClaimsArgs, title="claims")
-    add_run_args(p, out=None)
+    add_experiment_args(p, add_pga_args, (ClaimsArgs, "claims"), multiple=True,
+                        texts={"n": DEFAULT_N})
 
 
 def run(args) -> int:

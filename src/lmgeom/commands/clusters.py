@@ -7,19 +7,14 @@ from dataclasses import dataclass, field
 
 from ..models.bundled import DEFAULT_MODEL
 from .options import (
-    add_model_args,
-    add_options,
-    add_run_args,
-    add_texts_args,
+    add_experiment_args,
     arg,
     default_out,
-    int_range,
-    model_options_from_args,
+    inputs_from_args,
     options_from_args,
-    positive_int,
     progress_from_args,
-    text_options_from_args,
 )
+from .types import int_range, positive_int
 
 NAME = "clusters"
 HELP = "cluster dispersion: contexts followed by the same next N tokens, per layer and model"
@@ -65,10 +60,8 @@ class ClustersArgs:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p, multiple=True)
-    add_texts_args(p, default="builtin:code", n=None)
-    add_options(p, ClustersArgs, title="clusters")
-    add_run_args(p, out=None)
+    add_experiment_args(p, (ClustersArgs, "clusters"), multiple=True,
+                        texts={"default": "builtin:code", "n": None}, extract=False)
 
 
 def run(args) -> int:
@@ -76,8 +69,7 @@ def run(args) -> int:
     from ..experiments.clusters import ClusterConfig, ClustersExperiment
 
     models = tuple(args.model or [DEFAULT_MODEL])
-    experiment = ClustersExperiment(models=models, texts=text_options_from_args(args),
-                                    model=model_options_from_args(args),
+    experiment = ClustersExperiment(models=models, **inputs_from_args(args),
                                     clusters=options_from_args(args, ClusterConfig),
                                     cache=not args.no_cache)
     args.out = args.out or default_out("clusters", models)

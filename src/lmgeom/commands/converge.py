@@ -6,21 +6,14 @@ import argparse
 from dataclasses import dataclass, field
 
 from .options import (
-    add_extract_args,
-    add_model_args,
-    add_options,
-    add_run_args,
-    add_texts_args,
+    add_experiment_args,
     arg,
     default_out,
-    int_range,
-    model_options_from_args,
-    nonneg_int,
+    inputs_from_args,
     options_from_args,
-    positive_int,
     run_and_report,
-    text_options_from_args,
 )
+from .types import int_range, nonneg_int, positive_int
 
 NAME = "converge"
 HELP = "cross-model convergence: Spearman of pairwise distances, full vs readout vs random spaces"
@@ -57,11 +50,7 @@ class ConvergeArgs:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p, multiple=True)
-    add_texts_args(p)
-    add_extract_args(p)
-    add_options(p, ConvergeArgs, title="convergence")
-    add_run_args(p, out=None)
+    add_experiment_args(p, (ConvergeArgs, "convergence"), multiple=True)
 
 
 def run(args) -> int:
@@ -73,7 +62,7 @@ def run(args) -> int:
     config = options_from_args(args, ConvergeConfig, heatmap=not args.no_heatmap,
                                pairs=None if pairs in ("exact", "auto") else pairs)
     experiment = ConvergeExperiment(
-        models=models, texts=text_options_from_args(args), model=model_options_from_args(args),
+        models=models, **inputs_from_args(args),
         config=config, layers=args.layers, pooling=args.pooling, max_length=args.max_length,
         batch_size=args.batch_size, cache=not args.no_cache)
     args.out = args.out or default_out("converge", models)

@@ -7,21 +7,14 @@ from dataclasses import dataclass, field
 
 from ..models.bundled import DEFAULT_MODEL
 from .options import (
-    add_model_args,
-    add_options,
-    add_run_args,
-    add_texts_args,
+    add_experiment_args,
     arg,
     default_out,
-    int_range,
-    model_options_from_args,
-    nonneg_int,
+    inputs_from_args,
     options_from_args,
-    path_arg,
-    positive_int,
     progress_from_args,
-    text_options_from_args,
 )
+from .types import int_range, nonneg_int, path_arg, positive_int
 
 NAME = "dispersion"
 HELP = "dispersion vs perplexity per layer on fixed-length chunks (chunk and group level, CIs)"
@@ -86,11 +79,9 @@ class SamplesArgs:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p, multiple=True)
-    add_texts_args(p, default="builtin:wiki", n=None, multiple=True)
-    add_options(p, DispersionArgs, title="dispersion")
-    add_options(p, SamplesArgs)
-    add_run_args(p, out=None)
+    add_experiment_args(p, (DispersionArgs, "dispersion"), SamplesArgs, multiple=True,
+                        texts={"default": "builtin:wiki", "n": None, "multiple": True},
+                        extract=False)
 
 
 def config_from_args(args):
@@ -110,8 +101,8 @@ def run(args) -> int:
     models = tuple(args.model or [DEFAULT_MODEL])
     corpora = tuple(args.texts or ["builtin:wiki"])
     experiment = DispersionExperiment(
-        models=models, corpora=corpora, texts=text_options_from_args(args, corpora[0]),
-        model=model_options_from_args(args), dispersion=config_from_args(args),
+        models=models, corpora=corpora, **inputs_from_args(args, corpora[0]),
+        dispersion=config_from_args(args),
         cache=not args.no_cache, log_samples=args.log_samples)
     args.out = args.out or default_out("dispersion", models)
     run = run_experiment(experiment, args.out, overwrite=args.overwrite,

@@ -15,12 +15,10 @@ from .options import (
     engine_from_args,
     load_texts_from_args,
     model_options_from_args,
-    path_arg,
-    positive_int,
     print_table,
     progress_from_args,
-    seed_int,
 )
+from .types import path_arg, positive_int, seed_int
 
 NAME = "extract"
 HELP = "extract pooled hidden states of every layer into an activations file"

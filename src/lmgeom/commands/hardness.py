@@ -7,21 +7,14 @@ import argparse
 from dataclasses import dataclass, field
 
 from .options import (
-    add_model_args,
-    add_options,
-    add_run_args,
-    add_texts_args,
+    add_experiment_args,
     arg,
     default_out,
-    float_range,
-    int_range,
-    model_options_from_args,
-    nonneg_int,
+    inputs_from_args,
     options_from_args,
-    positive_int,
     progress_from_args,
-    text_options_from_args,
 )
+from .types import float_range, int_range, nonneg_int, positive_int
 
 NAME = "hardness"
 HELP = "label-free hardness ranking: texts ranked by token-level dispersion, checked vs perplexity"
@@ -75,19 +68,15 @@ class SamplesArgs:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
-    add_texts_args(p, default="builtin:domains", n=500)
-    add_options(p, HardnessArgs, title="hardness")
-    add_options(p, SamplesArgs)
-    add_run_args(p, out=None)
+    add_experiment_args(p, (HardnessArgs, "hardness"), SamplesArgs,
+                        texts={"default": "builtin:domains", "n": 500}, extract=False)
 
 
 def run(args) -> int:
     from ..experiments.base import run_experiment
     from ..experiments.hardness import HardnessConfig, HardnessExperiment
 
-    experiment = HardnessExperiment(spec=args.model, texts=text_options_from_args(args),
-                                    model=model_options_from_args(args),
+    experiment = HardnessExperiment(spec=args.model, **inputs_from_args(args),
                                     hardness=options_from_args(args, HardnessConfig),
                                     cache=not args.no_cache, log_samples=args.log_samples)
     args.out = args.out or default_out("hardness", args.model)

@@ -12,15 +12,17 @@ from .options import (
     add_run_args,
     arg,
     default_out,
+    model_options_from_args,
+    options_from_args,
+    run_and_report,
+)
+from .types import (
     float_list,
     float_or_auto,
     float_or_auto_list,
     int_range,
-    model_options_from_args,
     open_fraction,
-    options_from_args,
     positive_int,
-    run_and_report,
     unit_float,
 )
 
@@ -143,7 +145,7 @@ def config_from_args(args):
 
 def run(args) -> int:
     from ..experiments.knnlm import KnnlmExperiment
-    from ..lm.knnlm import require_faiss
+    from ..lm.datastore import require_faiss
 
     require_faiss()
     experiment = KnnlmExperiment(

@@ -26,7 +26,7 @@ or here (:class:`ModelArgs`, :class:`ExtractArgs`, :class:`RunArgs`); ``add_mode
 friends add them with a command's own defaults.
 
 The validated argparse types (:mod:`lmgeom.commands.types`) and the checks before work
-(:mod:`lmgeom.commands.checks`) are re-exported here: a command imports this one module.
+(:mod:`lmgeom.commands.checks`) live in their own modules; a command imports each from there.
 """
 
 from __future__ import annotations
@@ -45,15 +45,7 @@ from ..errors import ConfigError
 from ..experiments.options import DEFAULT_TEXTS, ModelOptions, TextOptions
 from ..models.bundled import DEFAULT_MODEL
 from ..results.console import format_table
-from .checks import OPTIONAL_DEPS, TEXT_SPEC_OPTIONS, require_module, validate_args
 from .types import (
-    SEED_MAX,
-    float_list,
-    float_or_auto,
-    float_or_auto_list,
-    float_range,
-    int_list,
-    int_range,
     nonneg_float,
     nonneg_int,
     open_fraction,
@@ -95,10 +87,19 @@ def arg(**spec: Any) -> dict[str, Any]:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """``{field: text}`` from the ``Attributes:`` section of ``cls``'s (Google-style) docstring;
-    continuation lines joined, RST double back-quotes and a final full stop dropped."""
+    """``{field: text}`` from the ``Attributes:`` sections of the (Google-style) docstrings of
+    ``cls`` and its bases (a subclass's entry wins); continuation lines joined, RST double
+    back-quotes and a final full stop dropped."""
     docs: dict[str, str] = {}
-    lines = (cls.__doc__ or "").expandtabs().splitlines()
+    for klass in reversed(cls.__mro__):
+        if "__doc__" in vars(klass):
+            docs.update(_attribute_docs(klass.__doc__ or ""))
+    return docs
+
+
+def _attribute_docs(doc: str) -> dict[str, str]:
+    docs: dict[str, str] = {}
+    lines = doc.expandtabs().splitlines()
     try:
         start = next(i for i, ln in enumerate(lines) if ln.strip() == "Attributes:")
     except StopIteration:
@@ -420,6 +421,33 @@ def engine_from_args(args):
     return cfg
 
 
+def add_experiment_args(p: argparse.ArgumentParser, *groups: Any, multiple: bool = False,
+                        texts: dict[str, Any] | None = None, extract: bool = True) -> None:
+    """The option layout every experiment command shares, in this order: the model group
+    (``multiple``: ``--model`` repeats), the texts group (``texts``: keyword arguments of
+    :func:`add_texts_args`), the extraction group (unless ``extract=False``), then each of
+    ``groups`` (an options dataclass, a ``(dataclass, title)`` pair, or a callable that adds
+    to ``p``), and the run group (``--out`` ... ``--quiet``) last."""
+    add_model_args(p, multiple=multiple)
+    add_texts_args(p, **(texts or {}))
+    if extract:
+        add_extract_args(p)
+    for g in groups:
+        if isinstance(g, tuple):
+            add_options(p, g[0], title=g[1])
+        elif isinstance(g, type):
+            add_options(p, g)
+        else:
+            g(p)
+    add_run_args(p, out=None)
+
+
+def inputs_from_args(args, spec: str | None = None) -> dict[str, Any]:
+    """``{"texts": TextOptions, "model": ModelOptions}`` of the shared groups: the keyword
+    arguments every experiment takes for its inputs."""
+    return {"texts": text_options_from_args(args, spec), "model": model_options_from_args(args)}
+
+
 def default_out(command: str, models) -> str:
     """Default ``--out`` folder of a command: ``runs/<command>-<model>[_<model>...]``."""
     if isinstance(models, str):
@@ -487,25 +515,15 @@ def run_and_report(experiment, args, *, report: bool = True):
 
 
 __all__ = [
-    "DEFAULT_TEXTS",
-    # --model-args
     "MODEL_ARGS_KEYS",
-    "OPTIONAL_DEPS",
-    # re-exported: validated types (commands.types) and the checks before work (commands.checks)
-    "SEED_MAX",
-    "TEXT_SPEC_OPTIONS",
-    # the mechanism
     "TYPES",
-    # shared option groups and their adders
     "CandidateArgs",
-    "EngineConfig",
     "ExtractArgs",
     "HelpFormatter",
     "ModelArgs",
-    "ModelOptions",
     "RunArgs",
-    "TextOptions",
     "add_engine_args",
+    "add_experiment_args",
     "add_extract_args",
     "add_model_args",
     "add_options",
@@ -513,35 +531,19 @@ __all__ = [
     "add_texts_args",
     "apply_model_args",
     "arg",
-    # args -> library objects; the run ending
     "default_out",
     "engine_from_args",
     "field_docs",
-    "float_list",
-    "float_or_auto",
-    "float_or_auto_list",
-    "float_range",
-    "int_list",
-    "int_range",
+    "inputs_from_args",
     "load_kwargs_from_args",
     "load_model_from_args",
     "load_texts_from_args",
     "model_options_from_args",
-    "nonneg_float",
-    "nonneg_int",
-    "open_fraction",
     "option_dest",
     "options_from_args",
     "parse_model_args",
-    "path_arg",
-    "positive_float",
-    "positive_int",
     "print_table",
     "progress_from_args",
-    "require_module",
     "run_and_report",
-    "seed_int",
     "text_options_from_args",
-    "unit_float",
-    "validate_args",
 ]

@@ -15,11 +15,10 @@ from .options import (
     arg,
     load_model_from_args,
     load_texts_from_args,
-    path_arg,
     print_table,
     progress_from_args,
-    seed_int,
 )
+from .types import path_arg, seed_int
 
 NAME = "pga"
 HELP = "Subspace PGA z per layer for one model, with every PGA option, printed as a table"

@@ -14,15 +14,11 @@ from .options import (
     add_options,
     add_texts_args,
     arg,
-    int_range,
     model_options_from_args,
-    nonneg_int,
-    path_arg,
-    positive_int,
     progress_from_args,
-    seed_int,
     text_options_from_args,
 )
+from .types import int_range, nonneg_int, path_arg, positive_int, seed_int
 
 NAME = "ppl"
 HELP = "perplexity per text and of the corpus (chunked readout, optional sliding window)"

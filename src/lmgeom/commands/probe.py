@@ -7,19 +7,13 @@ from dataclasses import dataclass, field, replace
 
 from .analyze import add_pga_args, layer_config_from_args
 from .options import (
-    add_extract_args,
-    add_model_args,
-    add_options,
-    add_run_args,
-    add_texts_args,
+    add_experiment_args,
     arg,
     default_out,
-    int_range,
-    model_options_from_args,
-    positive_float,
+    inputs_from_args,
     run_and_report,
-    text_options_from_args,
 )
+from .types import int_range, positive_float
 
 NAME = "probe"
 HELP = "per-layer linear probes (logistic regression, stratified CV) with the PGA z beside them"
@@ -45,19 +39,14 @@ class ProbeArgs:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
-    add_texts_args(p)
-    add_extract_args(p)
-    add_pga_args(p, ccr="1")
-    add_options(p, ProbeArgs, title="probe")
-    add_run_args(p, out=None)
+    add_experiment_args(p, lambda q: add_pga_args(q, ccr="1"), (ProbeArgs, "probe"))
 
 
 def run(args) -> int:
     from ..experiments.probes import ProbeExperiment
 
     experiment = ProbeExperiment(
-        spec=args.model, texts=text_options_from_args(args), model=model_options_from_args(args),
+        spec=args.model, **inputs_from_args(args),
         layers=replace(layer_config_from_args(args, logit_lens=False), spectral=False),
         folds=args.folds, C=args.C, cache=not args.no_cache)
     args.out = args.out or default_out("probe", args.model)

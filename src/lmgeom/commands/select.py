@@ -7,18 +7,16 @@ import argparse
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from ..experiments.options import ModelOptions
 from .options import (
     CandidateArgs,
-    ModelOptions,
     add_options,
     add_run_args,
     arg,
-    int_list,
-    int_range,
     options_from_args,
-    positive_int,
     run_and_report,
 )
+from .types import int_list, int_range, positive_int
 
 NAME = "select"
 HELP = "rank models / checkpoints for a domain by the dispersion gap (no labels), vs perplexity"

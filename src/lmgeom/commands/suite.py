@@ -8,17 +8,10 @@ import dataclasses
 import json
 import time
 
-from .options import (
-    add_options,
-    field_docs,
-    int_list,
-    nonneg_int,
-    option_dest,
-    path_arg,
-    positive_float,
-    progress_from_args,
-)
+from ..training.suite_config import SuiteConfig
+from .options import add_options, field_docs, option_dest, progress_from_args
 from .train import local_types
+from .types import int_list, nonneg_int, path_arg, positive_float
 
 NAME = "suite"
 HELP = "train a width suite of small Pythia-architecture models with checkpoints (train), or inspect one (info)"
@@ -55,7 +48,6 @@ def _shown(value) -> str:
 def _train_options(t: argparse.ArgumentParser) -> None:
     """The :class:`~lmgeom.training.suite.SuiteConfig` options: absent unless given (so
     ``--micro`` can supply other defaults), the default in brackets after the help."""
-    from ..training.suite import SuiteConfig
 
     d, text = SuiteConfig(), field_docs(SuiteConfig)
     text.update(widths="comma list of widths", bf16="train in float32",
@@ -119,7 +111,6 @@ def run(args) -> int:
 def config_from_args(args):
     """The :class:`~lmgeom.training.suite.SuiteConfig` of ``suite train`` options: every
     field whose option was given (by name), over :meth:`SuiteConfig.micro` with ``--micro``."""
-    from ..training.suite import SuiteConfig
 
     over = {f.name: getattr(args, option_dest(f)) for f in dataclasses.fields(SuiteConfig)
             if hasattr(args, option_dest(f))}
@@ -132,7 +123,8 @@ def config_from_args(args):
 
 
 def _train(args) -> int:
-    from ..training.suite import plan_line, train_suite, widths_table
+    from ..training.suite import train_suite
+    from ..training.suite_manifest import plan_line, widths_table
 
     config = config_from_args(args)
     print(plan_line(args.out, config))
@@ -148,7 +140,7 @@ def _train(args) -> int:
 
 
 def _info(args) -> int:
-    from ..training.suite import describe_suite, read_suite
+    from ..training.suite_manifest import describe_suite, read_suite
 
     m = read_suite(args.dir)
     print(json.dumps(m, indent=2, sort_keys=True) if args.json

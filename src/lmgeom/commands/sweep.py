@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..experiments.options import ModelOptions
 from .analyze import add_pga_args, layer_config_from_args
 from .options import (
     CandidateArgs,
     ModelArgs,
-    ModelOptions,
     add_engine_args,
     add_extract_args,
     add_options,
@@ -20,12 +20,11 @@ from .options import (
     add_texts_args,
     arg,
     engine_from_args,
-    int_list,
-    nonneg_int,
     options_from_args,
     run_and_report,
     text_options_from_args,
 )
+from .types import int_list, nonneg_int
 
 NAME = "sweep"
 HELP = "layer sweep over models x checkpoints (a width suite or hub revisions): PGA z vs width and step"

@@ -6,7 +6,8 @@ import argparse
 import time
 from dataclasses import dataclass, field
 
-from .options import add_options, arg, nonneg_int, positive_int, seed_int
+from .options import add_options, arg
+from .types import nonneg_int, positive_int, seed_int
 
 NAME = "texts"
 HELP = "list the built-in corpora, fetch them, or preview any corpus spec"

@@ -16,11 +16,10 @@ from .options import (
     add_model_args,
     add_options,
     arg,
-    float_range,
-    int_range,
     options_from_args,
     progress_from_args,
 )
+from .types import float_range, int_range
 
 NAME = "train"
 #: the regularisers ``--aux`` / ``--compare`` take (lmgeom.experiments.finetune.ALL_ARMS; kept
@@ -186,7 +185,7 @@ def run(args) -> int:
 
 def _compare_seeds(cfg, seeds, out, args) -> int:
     from ..experiments.base import run_experiment
-    from ..experiments.finetune_compare import SeedComparison
+    from ..experiments.finetune import SeedComparison
 
     run = run_experiment(SeedComparison(cfg, seeds), out, overwrite=args.overwrite,
                          progress=cfg.progress)

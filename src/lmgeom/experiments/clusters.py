@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, DataError, TextsError
-from ..lm.perplexity import forward_chunks
+from ..lm.scoring import forward_chunks
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
 from ..results.console import format_table

@@ -47,7 +47,7 @@ import pandas as pd
 
 from .._io import atomic_path
 from ..errors import CacheError, ConfigError
-from ..lm.perplexity import forward_chunks
+from ..lm.scoring import forward_chunks
 from ..metrics.dispersion import group_means, token_dispersion
 from ..metrics.uncertainty import correlation_interval, mean_interval
 from ..models.bundled import DEFAULT_MODEL

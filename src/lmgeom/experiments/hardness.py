@@ -37,7 +37,7 @@ import pandas as pd
 from .._io import atomic_path
 from ..activations.core import encode_texts
 from ..errors import ConfigError, DataError
-from ..lm.perplexity import forward_chunks
+from ..lm.scoring import forward_chunks
 from ..metrics.dispersion import token_dispersion
 from ..metrics.uncertainty import correlation_interval, quantile_overlap
 from ..models.bundled import DEFAULT_MODEL

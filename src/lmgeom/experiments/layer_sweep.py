@@ -22,8 +22,7 @@ import numpy as np
 from .. import metrics as M
 from .._io import stable_hash, write_json
 from .._testing import pause
-from ..activations.forward import progress_bar
-from ..activations.forward import model_identity
+from ..activations.forward import model_identity, progress_bar
 from ..errors import ConfigError, LmgeomError
 from ..lm import logit_lens
 from ..metrics import readout_basis

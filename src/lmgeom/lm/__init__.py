@@ -2,16 +2,13 @@
 
 from .logit_lens import LogitLensResult, logit_lens
 from .perplexity import (
-    ForwardResult,
     PerplexityResult,
     TextPerplexity,
     TokenNLLWriter,
-    default_position_chunk,
-    forward_chunks,
-    model_context,
     perplexity,
     sliding_windows,
 )
+from .scoring import ForwardResult, default_position_chunk, forward_chunks, model_context
 
 __all__ = [
     "ForwardResult",
@@ -29,6 +26,7 @@ __all__ = [
 
 # kNN-LM (FAISS is imported on first use, not here)
 from . import knnlm
-from .knnlm import Datastore, IndexSpec, KnnEval, build_datastores
+from .datastore import Datastore, IndexSpec, build_datastores
+from .knnlm import KnnEval
 
 __all__ += ["Datastore", "IndexSpec", "KnnEval", "build_datastores", "knnlm"]

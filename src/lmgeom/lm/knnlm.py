@@ -30,7 +30,8 @@ Memory: no ``B×T×V`` logits. The LM side keeps only ``log p_LM(target)`` per p
 tests and small cases.
 
 Storage: :class:`~lmgeom.lm.datastore.Datastore` (one folder per content key); the states of
-keys and queries: :mod:`lmgeom.lm.knn_states`. Both are re-exported here. FAISS is imported
+keys and queries: :mod:`lmgeom.lm.knn_states` (import each name from its module or from
+:mod:`lmgeom.lm`). FAISS is imported
 lazily (``pip install faiss-cpu``; the ``knn`` extra).
 """
 
@@ -47,15 +48,9 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from .datastore import (
-    INDEX_KINDS,
-    KNNLM_VERSION,
     Datastore,
     IndexSpec,
-    build_datastores,
-    datastore_key,
-    require_faiss,
 )
-from .knn_states import PositionStates, iter_position_states, position_states
 
 log = logging.getLogger(__name__)
 
@@ -335,23 +330,13 @@ __all__ = [
     "DEFAULT_LAMBDAS",
     "DEFAULT_TEMPERATURE",
     "DISTANCES",
-    "INDEX_KINDS",
-    "KNNLM_VERSION",
-    "Datastore",
-    "IndexSpec",
     "KnnEval",
-    "PositionStates",
-    "build_datastores",
-    "datastore_key",
     "evaluate",
     "interpolate",
-    "iter_position_states",
     "knn_distribution",
     "knn_log_prob",
     "nearest_distance",
     "perplexity_of",
-    "position_states",
-    "require_faiss",
     "resolve_temperature",
     "temperature_label",
 ]

@@ -1,5 +1,5 @@
 """Perplexity of texts without the ``B×T×V`` logits (the forward pass and the chunked readout
-are :func:`lmgeom.lm.scoring.forward_chunks`, re-exported here).
+are :func:`lmgeom.lm.scoring.forward_chunks`).
 
 Definitions (METHODS.md, "Perplexity"):
 
@@ -32,32 +32,17 @@ from ..errors import ConfigError, TextsError
 from ..results.console import format_table
 from ..texts import as_textset
 from .scoring import (
-    FORWARD_VERSION,
-    LOGIT_BUDGET,
-    ForwardResult,
-    Reducer,
     default_position_chunk,
     forward_chunks,
     model_context,
-    scored_positions,
-    target_log_probs,
 )
 
 __all__ = [
-    "FORWARD_VERSION",
-    "LOGIT_BUDGET",
-    "ForwardResult",
     "PerplexityResult",
-    "Reducer",
     "TextPerplexity",
     "TokenNLLWriter",
-    "default_position_chunk",
-    "forward_chunks",
-    "model_context",
     "perplexity",
-    "scored_positions",
     "sliding_windows",
-    "target_log_probs",
 ]
 
 log = logging.getLogger(__name__)

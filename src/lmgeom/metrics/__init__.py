@@ -23,13 +23,8 @@ from lmgeom.metrics.dispersion import (
     dispersion_gap_states,
 )
 from lmgeom.metrics.geometry import ccr, center, null_frames, random_frame, readout_basis
-from lmgeom.metrics.pga import (
-    PC1Share,
-    PGAResult,
-    pc1_readout_share,
-    subspace_pga,
-    subspace_pga_levels,
-)
+from lmgeom.metrics.pc1 import PC1Share, pc1_readout_share
+from lmgeom.metrics.pga import PGAResult, subspace_pga, subspace_pga_levels
 from lmgeom.metrics.probes import ProbeResult, probe_accuracy
 from lmgeom.metrics.spectral import (
     alpha_req,

@@ -25,7 +25,7 @@ from typing import Any
 from threadpoolctl import threadpool_limits
 
 from lmgeom.metrics._common import config_error
-from lmgeom.metrics._cpu_worker import CpuWorker, NullSpec
+from lmgeom.metrics._cpu_worker import CpuWorker
 from lmgeom.metrics._device_worker import TorchWorker
 from lmgeom.metrics._rank_kernel import MAX_PAIRS, kernel_available
 

@@ -9,7 +9,7 @@ distances and ranking are the same code as :func:`~lmgeom.metrics.subspace_pga`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,9 +17,8 @@ import numpy as np
 from lmgeom.metrics._common import blas_threads, config_error, data_error
 from lmgeom.metrics._null_runner import Runner
 from lmgeom.metrics._pairs import build_layout, make_plan
-from lmgeom.metrics.geometry import iter_frames
+from lmgeom.metrics.geometry import check_basis, iter_frames
 from lmgeom.metrics.pga import (
-    check_basis,
     check_common,
     check_precision,
     frame_dtype,
@@ -34,6 +33,7 @@ from lmgeom.metrics.sample_size import (
     MIN_NULL,
     MIN_PAIRS,
     MIN_PAIRS_HARD,
+    FlaggedResult,
     join_flags,
     pga_flags,
     split_flags,
@@ -43,7 +43,7 @@ __all__ = ["AlignmentResult", "cross_model_alignment"]
 
 
 @dataclass(frozen=True, eq=False)
-class AlignmentResult:
+class AlignmentResult(FlaggedResult):
     """Result of :func:`cross_model_alignment`.
 
     Attributes:
@@ -84,19 +84,6 @@ class AlignmentResult:
     precision: str
     flags: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
-
-    @property
-    def flag(self) -> str:
-        """The flags as a results table's ``flag`` string (``""``: none)."""
-        return join_flags(self.flags)
-
-    def to_dict(self) -> dict:
-        """All scalar fields (the null draws and messages excluded; flags as one string)."""
-        out = asdict(self)
-        out.pop("null")
-        out.pop("warnings")
-        out["flags"] = self.flag
-        return out
 
 
 def cross_model_alignment(

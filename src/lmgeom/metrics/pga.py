@@ -1,5 +1,5 @@
 """Subspace PGA (Predictive-Geometric Alignment); the PC1-migration diagnostic is in
-:mod:`lmgeom.metrics.pc1` (re-exported here).
+:mod:`lmgeom.metrics.pc1`.
 
 Definition (METHODS.md): after centring / CCR-m, ``d_full(i,j) = 1 - cos(x_i, x_j)`` and
 ``d_proj(i,j) = 1 - cos(V_k^T x_i, V_k^T x_j)``; ``rho_readout = Spearman(d_full, d_proj)``;
@@ -21,7 +21,7 @@ N = 65 536 rows); above that, sample pairs.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -53,21 +53,18 @@ from lmgeom.metrics.geometry import (
     ccr_levels,
     check_basis,
 )
-from lmgeom.metrics.pc1 import PC1Share, pc1_readout_share
 from lmgeom.metrics.sample_size import (
     MIN_PAIRS,
     MIN_PAIRS_HARD,
-    join_flags,
+    FlaggedResult,
     numerical_rank,
     pga_flags,
     warn_low_sample,
 )
 
 __all__ = [
-    "PC1Share",
     "PGAResult",
     "frozen_array",
-    "pc1_readout_share",
     "subspace_pga",
     "subspace_pga_levels",
 ]
@@ -197,7 +194,7 @@ def frozen_array(a: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class PGAResult:
+class PGAResult(FlaggedResult):
     """Result of :func:`subspace_pga`.
 
     Attributes:
@@ -238,25 +235,6 @@ class PGAResult:
     precision: str
     flags: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
-
-    @property
-    def flag(self) -> str:
-        """The flags as the results table's ``flag`` string (``""``: none)."""
-        return join_flags(self.flags)
-
-    @property
-    def low_sample(self) -> bool:
-        """True when z was computed from too little data (any flag set)."""
-        return bool(self.flags)
-
-    def to_dict(self) -> dict:
-        """All scalar fields (the null draws and the messages excluded; the flags as one
-        ``flag`` string), e.g. for a results table row."""
-        out = asdict(self)
-        out.pop("null")
-        out.pop("warnings")
-        out["flags"] = self.flag
-        return out
 
 
 def subspace_pga(

@@ -32,6 +32,7 @@ says which ``--n`` would be enough) and keeps the rest of the run.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Iterable
@@ -49,7 +50,6 @@ __all__ = [
     "MIN_PAIRS_HARD",
     "MIN_ROWS",
     "MIN_ROWS_HARD",
-    "LowSampleWarning",
     "describe_flag",
     "join_flags",
     "numerical_rank",
@@ -118,6 +118,33 @@ def split_flags(flag: str | None) -> tuple[str, ...]:
     if not isinstance(flag, str) or not flag:
         return ()
     return tuple(c for c in flag.split(";") if c)
+
+
+class FlaggedResult:
+    """What every null-calibrated result (:class:`~lmgeom.metrics.PGAResult`,
+    :class:`~lmgeom.metrics.convergence.AlignmentResult`) does with its ``flags``, ``null``
+    and ``warnings`` fields: the table's ``flag`` string and the scalar row."""
+
+    flags: tuple[str, ...]
+
+    @property
+    def flag(self) -> str:
+        """The flags as the results table's ``flag`` string (``""``: none)."""
+        return join_flags(self.flags)
+
+    @property
+    def low_sample(self) -> bool:
+        """True when the statistic was computed from too little data (any flag set)."""
+        return bool(self.flags)
+
+    def to_dict(self) -> dict:
+        """All scalar fields (the null draws and the messages excluded; the flags as one
+        ``flag`` string), e.g. for a results table row."""
+        out = dataclasses.asdict(self)  # type: ignore[call-overload]
+        out.pop("null")
+        out.pop("warnings")
+        out["flags"] = self.flag
+        return out
 
 
 def warn_low_sample(message: str, *, stacklevel: int = 2) -> None:

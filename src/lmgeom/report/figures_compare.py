@@ -1,6 +1,6 @@
 """The figure of ``lmgeom train --compare ... --seeds ...``: per regulariser, the change of held-out
 perplexity and dispersion with its interval over seeds (phrasing only; the numbers come from
-:mod:`lmgeom.experiments.finetune_compare`)."""
+:mod:`lmgeom.experiments.finetune.compare`)."""
 
 from __future__ import annotations
 

@@ -20,11 +20,9 @@ from ..errors import TextsError
 from .reading import (
     SUPPORTED_EXTENSIONS,
     check_file,
-    decode_text,
     normalise_newlines,
     read_file_bytes,
     read_text_file,
-    read_utf8,
 )
 from .textset import TextSet, make_textset
 

@@ -16,19 +16,19 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "SuiteConfig": "lmgeom.training.suite",
+    "SuiteConfig": "lmgeom.training.suite_config",
     "train_suite": "lmgeom.training.suite",
-    "read_suite": "lmgeom.training.suite",
-    "suite_checkpoints": "lmgeom.training.suite",
-    "checkpoint_steps": "lmgeom.training.suite",
-    "model_shape": "lmgeom.training.suite",
+    "read_suite": "lmgeom.training.suite_manifest",
+    "suite_checkpoints": "lmgeom.training.suite_manifest",
+    "checkpoint_steps": "lmgeom.training.suite_config",
+    "model_shape": "lmgeom.training.suite_config",
     "train_tokenizer": "lmgeom.training.tokenizer",
     # push-away / squeeze losses (METHODS.md "Push-away loss") and `lmgeom train`
     "DispersionLoss": "lmgeom.training.losses",
     "PushAwayLoss": "lmgeom.training.losses",
     "SqueezeLoss": "lmgeom.training.losses",
     "AuxOutput": "lmgeom.training.losses",
-    "make_aux_loss": "lmgeom.training.losses",
+    "make_aux_loss": "lmgeom.training.regularisers",
     "forward_with_aux": "lmgeom.training.losses",
     "DispersionLossMixin": "lmgeom.training.losses",
     "DispersionTrainer": "lmgeom.training.losses",

@@ -17,7 +17,7 @@ states apart) and ``L_aux = +d`` for the squeeze control (pull them together). A
 ``none``, has ``L_aux = 0·d``: it measures ``d`` for logging and changes nothing. The rest of
 the dispersion-regulariser family (InfoNCE over squared L2 distances or cosines, hinge on
 cosine similarity, covariance decorrelation) is in :mod:`lmgeom.training.regularisers`; every
-member is chosen by name with :func:`make_aux_loss` and returns ``(L_aux, d)`` from
+member is chosen by name with :func:`lmgeom.training.regularisers.make_aux_loss` and returns ``(L_aux, d)`` from
 :meth:`DispersionLoss.terms`.
 
 Layer: ``layer="final"`` (default) is the output of the final norm — the vector the readout
@@ -69,7 +69,6 @@ __all__ = [
     "PushAwayLoss",
     "SqueezeLoss",
     "forward_with_aux",
-    "make_aux_loss",
     "points_adapter",
 ]
 
@@ -312,18 +311,6 @@ class MeasureOnlyLoss(DispersionLoss):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(AUX_KINDS["none"], **kwargs)
-
-
-def make_aux_loss(kind: str, **kwargs: Any) -> DispersionLoss:
-    """A regulariser by name → the loss object (kwargs as :class:`DispersionLoss`, plus the
-    variant's own, e.g. ``tau``): ``"push-away"`` | ``"squeeze"`` | ``"none"`` and the rest of
-    the family in :data:`lmgeom.training.regularisers.REGULARISERS`."""
-    from .regularisers import REGULARISERS
-
-    cls = REGULARISERS.get(kind)
-    if cls is None:
-        raise ConfigError(f"unknown aux loss {kind!r}; use one of {', '.join(REGULARISERS)}")
-    return cls(**kwargs)
 
 
 # ---------------------------------------------------------------------- forward helper

@@ -191,5 +191,16 @@ REGULARISERS: dict[str, type[DispersionLoss]] = {
 DIRECTION: dict[str, int] = {"push-away": 1, "squeeze": -1, "none": 0, "infonce-l2": 1,
                              "infonce-cos": 1, "hinge-cos": 1, "covariance": 0}
 
-__all__ = ["DIRECTION", "REGULARISERS", "CovarianceDecorrelation", "HingeCosine", "InfoNCECosine",
+
+def make_aux_loss(kind: str, **kwargs: Any) -> DispersionLoss:
+    """A regulariser by name → the loss object (kwargs as :class:`DispersionLoss`, plus the
+    variant's own, e.g. ``tau``): ``"push-away"`` | ``"squeeze"`` | ``"none"`` and the rest of
+    the family in :data:`REGULARISERS`."""
+    cls = REGULARISERS.get(kind)
+    if cls is None:
+        raise ConfigError(f"unknown aux loss {kind!r}; use one of {', '.join(REGULARISERS)}")
+    return cls(**kwargs)
+
+
+__all__ = ["DIRECTION", "REGULARISERS", "make_aux_loss", "CovarianceDecorrelation", "HingeCosine", "InfoNCECosine",
            "InfoNCEL2", "SetRegulariser"]

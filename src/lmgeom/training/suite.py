@@ -43,34 +43,19 @@ from .._io import fs_clock_ns, record_tree, remove_written, write_json, written_
 from .._paths import check_output_location
 from ..errors import CacheError, ConfigError
 from ..results.folder import acquire_output_lock, release_output_lock
+from .geometry import GEOMETRY_FILE, combine, make_recorder
 from .suite_config import (
-    CHECKPOINT_META,
-    DEFAULT_EXCLUDE,
-    DEFAULT_TEXTS,
-    DEFAULT_TOKENS,
     FORMAT,
-    WIDTH_DONE,
     SuiteConfig,
     checkpoint_steps,
-    model_shape,
     width_label,
 )
-from .geometry import GEOMETRY_FILE, combine, make_recorder
-from .suite_data import SuiteData, prepare_data
+from .suite_data import prepare_data
 from .suite_manifest import (
-    describe_suite,
-    duplicate_weights,
-    plan_line,
-    read_suite,
-    suite_checkpoints,
-    widths_table,
     write_manifest,
 )
 from .suite_width import (
-    ORDER_STREAM,
     MakeHooks,
-    build_model,
-    data_order,
     train_width,
     width_complete,
 )
@@ -223,29 +208,5 @@ def train_suite(
 
 
 __all__ = [
-    "CHECKPOINT_META",
-    "DEFAULT_EXCLUDE",
-    "DEFAULT_TEXTS",
-    "DEFAULT_TOKENS",
-    "FORMAT",
-    "ORDER_STREAM",
-    "WIDTH_DONE",
-    "MakeHooks",
-    "SuiteConfig",
-    "SuiteData",
-    "build_model",
-    "checkpoint_steps",
-    "data_order",
-    "describe_suite",
-    "duplicate_weights",
-    "model_shape",
-    "plan_line",
-    "prepare_data",
-    "read_suite",
-    "suite_checkpoints",
     "train_suite",
-    "train_width",
-    "width_label",
-    "widths_table",
-    "write_manifest",
 ]

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ConfigError
-from ...lm.perplexity import forward_chunks
+from ...lm.scoring import forward_chunks
 from ...metrics import claims_dispersion as rules
 from ...metrics.claims import ClaimVerdict, ModelInfo
 from ...models import load_model

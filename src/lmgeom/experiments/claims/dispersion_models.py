@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from ...errors import DataError
-from ...lm.knnlm import interpolate, perplexity_of, position_states
-from ...lm.perplexity import forward_chunks
+from ...lm.knn_states import position_states
+from ...lm.knnlm import interpolate, perplexity_of
+from ...lm.scoring import forward_chunks
 from ...metrics import claims_dispersion as rules
 from ...metrics.claims import ClaimVerdict, ModelInfo, not_testable
 from ...metrics.dispersion import token_dispersion

@@ -32,7 +32,7 @@ from ..._io import stable_hash
 from ...metrics import claims_dispersion as rules
 from ...metrics.claims import ClaimVerdict, ModelInfo
 from ...models.load import model_fingerprint
-from ..finetune_eval import decode_eval
+from ..finetune import FinetuneConfig, decode_eval, finetune
 from .dispersion_base import DispersionClaimsSettings
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,6 @@ def smallest(models: Sequence[str], infos: Sequence[ModelInfo]) -> tuple[str, Mo
 
 def finetune_config(spec: str, method: str, s: DispersionClaimsSettings, *,
                     device: str | None = None):
-    from ..finetune import FinetuneConfig
 
     # no geometry trajectory (PGA on probe texts at every evaluation): D3/D8 do not read it
     extra = {"geometry": False} if "geometry" in {
@@ -66,7 +65,6 @@ def run_finetune(cfg, out: Path):
     """One fine-tuning run through the public API of :mod:`lmgeom.experiments.finetune`
     (``finetune(cfg, out)``, which runs the registered ``train`` experiment): its result, with
     ``table`` (the tidy rows), ``arms`` and ``out_dir``."""
-    from ..finetune import finetune
 
     return finetune(cfg, out)
 

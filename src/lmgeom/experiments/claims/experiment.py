@@ -29,6 +29,7 @@ from ...metrics.claims import ClaimVerdict, ModelInfo, Power, mark_unstable
 from ...metrics.claims_profile import ladder_powers
 from ...metrics.sample_size import warn_low_sample
 from ...models.bundled import BUNDLED
+from ...report.claims import verdict_lines, write_claims_report
 from ..base import register
 from ..layer_sweep import LayerSweepConfig, config_dict, fit_k
 from ..options import ModelOptions, TextOptions
@@ -315,14 +316,12 @@ class ClaimsResult:
                 "timings": dict(self.timings)}
 
     def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
-        from ...report.claims import write_claims_report
 
         return write_claims_report(folder.path, self.rows(), self.measurements.layers, manifest,
                                    infos=self.infos,
                                    title="lmgeom claims — " + ", ".join(self.config.models))
 
     def summary(self) -> str:
-        from ...report.claims import verdict_lines
 
         return "\n".join(verdict_lines(self.rows()))
 

@@ -36,6 +36,7 @@ from ..analyze import AnalyzeConfig
 from ..convergence import ConvergeConfig, converge_pair
 from ..layer_sweep import LayerSweepConfig, model_basis
 from ..options import ModelOptions, TextOptions
+from ..sweep import SweepConfig, jobs_from_suite
 
 #: every PGA claim id (``P8`` comes with its variant ``P8.wide``)
 PGA_CLAIMS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8")
@@ -179,7 +180,6 @@ def _converge(models: Sequence[str], texts: TextOptions, options: ModelOptions,
 
 def _suite_sweep(suite: str, texts: TextOptions, layers: LayerSweepConfig, work: Path,
                  progress: bool | None) -> tuple[pd.DataFrame, list[ModelInfo]]:
-    from ..sweep import SweepConfig, jobs_from_suite
 
     jobs = jobs_from_suite(suite)
     res = SweepConfig(jobs=tuple(jobs), texts=texts, layers=layers,

@@ -46,36 +46,33 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import ConfigError, TextsError
-from ..lm.knnlm import (
+from ...errors import ConfigError, TextsError
+from ...lm.datastore import IndexSpec, build_datastores
+from ...lm.knn_states import position_states
+from ...lm.knnlm import (
     DEFAULT_K,
     DEFAULT_LAMBDA,
     DEFAULT_LAMBDAS,
     DEFAULT_TEMPERATURE,
     DISTANCES,
-    IndexSpec,
     KnnEval,
-    build_datastores,
     evaluate,
     perplexity_of,
-    position_states,
     temperature_label,
 )
-from ..lm.scoring import forward_chunks, model_context
-from ..models.bundled import DEFAULT_MODEL
-from ..results import table
-from ..results.console import format_table
-from ..texts import as_textset
-from ..texts.chunks import make_chunks
-from .base import register
-from .knnlm_dispersion import (  # noqa: F401 - unit_sum, pooled_dispersion are re-exported
+from ...lm.scoring import forward_chunks, model_context
+from ...models.bundled import DEFAULT_MODEL
+from ...results import table
+from ...results.console import format_table
+from ...texts import as_textset
+from ...texts.chunks import make_chunks
+from ..base import register
+from ..options import ModelOptions, TextOptions
+from .dispersion import (
     DEFAULT_SELECT_TOKENS,
     PointDispersion,
     measure_point_dispersion,
-    pooled_dispersion,
-    unit_sum,
 )
-from .options import ModelOptions, TextOptions
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +245,7 @@ def run_knnlm(model, train, eval_=None, config: KnnConfig | None = None, *,
               progress: bool | None = None) -> KnnRun:
     """Dispersion of the candidate points, datastores, retrieval and the λ sweep (see the
     module docstring)."""
-    from ..models import load_model
+    from ...models import load_model
 
     config = config or KnnConfig()
     t0 = time.perf_counter()
@@ -488,8 +485,8 @@ class KnnlmResult:
             "timings": {**self.timings, **res.timings}}
 
     def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
-        from ..report.figures_dispersion import plot_knnlm
-        from ..report.html import write_report
+        from ...report.figures_dispersion import plot_knnlm
+        from ...report.html import write_report
 
         res, c = self.run, self.config
         figs = plot_knnlm(res, folder.plots)

@@ -14,60 +14,41 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .._io import atomic_path, write_json
-from ..errors import ConfigError
-from ..training.checkpoint import (
+from ..._io import atomic_path, write_json
+from ...errors import ConfigError
+from ...training.checkpoint import (
     find_checkpoint,
     load_checkpoint,
     save_checkpoint,
     trainable_parameters,
 )
-from ..training.geometry import make_recorder
-from ..training.loop import Hook, aux_objective, show_progress, train_loop
-from .finetune_data import Domain, batch_arrays, domain_schedule
-from .finetune_eval import encode_eval, eval_rows, evaluate, train_rows
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .finetune import FinetuneConfig
+from ...training.geometry import make_recorder
+from ...training.loop import aux_objective, show_progress, train_loop
+from .config import ArmResult, FinetuneSettings, MakeHooks
+from .data import Domain, batch_arrays, domain_schedule
+from .evaluation import encode_eval, eval_rows, evaluate, train_rows
 
 log = logging.getLogger("lmgeom.experiments.finetune")
 
-#: ``make_hooks(arm, model, arm_dir) -> [hook, ...]``: extra step hooks of one arm
-MakeHooks = Callable[[str, Any, Path], Sequence[Hook]]
 #: the columns of ``arms/<arm>/train_log.csv``
 LOG_COLUMNS = ("step", "lm_loss", "dispersion", "aux", "total", "lr", "grad_norm", "seconds")
 
 
-@dataclass
-class ArmResult:
-    """Rows and per-step log of one finished (or stopped) arm."""
-
-    arm: str
-    rows: list[dict[str, Any]]
-    log: list[dict[str, float]]
-    finished: bool
-    model_dir: str | None = None
-    seconds: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)
-    final_eval: dict[str, Any] | None = None  # evaluate() of the last step (encoded)
-
-
-def load_lm(cfg: FinetuneConfig):
+def load_lm(cfg: FinetuneSettings):
     """The model to fine-tune, in float32 on ``cfg.device``."""
-    from ..models import load_model  # torch
+    from ...models import load_model  # torch
 
     return load_model(cfg.model, dtype="float32", device=cfg.device)
 
 
-def attach(lm, cfg: FinetuneConfig):
+def attach(lm, cfg: FinetuneSettings):
     """The module to train: the LoRA-wrapped model (adapters injected in place) or the model."""
     if cfg.method == "full":
         for p in lm.hf_model.parameters():
@@ -93,7 +74,7 @@ def attach(lm, cfg: FinetuneConfig):
                           f"{cfg.model}: {exc}") from exc
 
 
-def lr_at(cfg: FinetuneConfig, step: int) -> float:
+def lr_at(cfg: FinetuneSettings, step: int) -> float:
     """Learning rate of 0-based ``step``: linear warm-up over ``warmup`` steps, then constant."""
     if cfg.warmup <= 0:
         return cfg.learning_rate
@@ -111,7 +92,7 @@ def _replace_dir(tmp: Path, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def save_final(lm, model, cfg: FinetuneConfig, arm_dir: Path) -> str:
+def save_final(lm, model, cfg: FinetuneSettings, arm_dir: Path) -> str:
     """``save_pretrained`` (safetensors) of the model + tokenizer (full) or the adapter (LoRA)
     as ``arm_dir/model``; with ``merge_lora`` also the merged model as ``arm_dir/merged``."""
     target, tmp = arm_dir / "model", arm_dir / "model.tmp"
@@ -147,7 +128,7 @@ class ArmRun:
     logs, evaluates at the evaluation steps, checkpoints every ``save_every`` steps and stops
     (checkpointed) when the step budget of this call is spent."""
 
-    def __init__(self, cfg: FinetuneConfig, arm: str, label: str, lm, model, opt, aux,
+    def __init__(self, cfg: FinetuneSettings, arm: str, label: str, lm, model, opt, aux,
                  domains: Sequence[Domain], eval_sets: dict[str, np.ndarray], ck_dir: Path, *,
                  budget: int | None, on_eval: Callable[[str, int, dict], None] | None,
                  progress: bool | None) -> None:
@@ -248,7 +229,7 @@ def _finish(run: ArmRun, arm_dir: Path, n_trainable: int, t0: float) -> ArmResul
                      run.final_eval)
 
 
-def train_arm(cfg: FinetuneConfig, arm: str, domains: Sequence[Domain],
+def train_arm(cfg: FinetuneSettings, arm: str, domains: Sequence[Domain],
               eval_sets: dict[str, np.ndarray], arm_dir: Path, *,
               baseline: dict[str, dict[str, Any]] | None = None,
               on_eval: Callable[[str, int, dict], None] | None = None,
@@ -265,7 +246,8 @@ def train_arm(cfg: FinetuneConfig, arm: str, domains: Sequence[Domain],
     """
     import torch
 
-    from ..training.losses import make_aux_loss, resolve_layer
+    from ...training.losses import resolve_layer
+    from ...training.regularisers import make_aux_loss
 
     done = read_finished(arm, arm_dir)
     if done is not None:
@@ -318,5 +300,14 @@ def train_arm(cfg: FinetuneConfig, arm: str, domains: Sequence[Domain],
     return _finish(run, arm_dir, n_trainable, t0)
 
 
-__all__ = ["LOG_COLUMNS", "ArmResult", "ArmRun", "MakeHooks", "attach", "load_lm", "lr_at",
-           "read_finished", "save_final", "train_arm", "write_log"]
+__all__ = [
+    "LOG_COLUMNS",
+    "ArmRun",
+    "attach",
+    "load_lm",
+    "lr_at",
+    "read_finished",
+    "save_final",
+    "train_arm",
+    "write_log",
+]

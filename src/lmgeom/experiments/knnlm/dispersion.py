@@ -1,4 +1,4 @@
-"""Step 3 of :mod:`lmgeom.experiments.knnlm` (which re-exports these names): the
+"""Step 3 of :mod:`lmgeom.experiments.knnlm`: the
 representation dispersion of each candidate measurement point on a seeded sample of training
 chunks, pooled over all their token states (:func:`unit_sum` sums unit vectors in one
 forward, :func:`pooled_dispersion` turns the sums into ``D``) and as the mean of per-chunk
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..lm.scoring import forward_chunks
-from ..metrics.dispersion import token_dispersion
+from ...lm.scoring import forward_chunks
+from ...metrics.dispersion import token_dispersion
 
 __all__ = ["DEFAULT_SELECT_TOKENS", "PointDispersion", "measure_point_dispersion",
            "pooled_dispersion", "unit_sum"]

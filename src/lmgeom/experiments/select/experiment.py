@@ -57,55 +57,41 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..activations.core import extract
-from ..errors import ConfigError, ModelError, TextsError
-from ..lm.perplexity import model_context, perplexity
-from ..metrics import dispersion_gap, dispersion_gap_states
-from ..metrics.uncertainty import MIN_N_CI, Agreement, rank_agreement, ranks_desc
-from ..results import table
-from ..results.console import format_table
-from ..texts import limit_textset, load_texts
-from .base import register
-from .select_inputs import (
-    DOMAINS,
+from ...activations.core import extract
+from ...errors import ConfigError, ModelError, TextsError
+from ...lm.perplexity import perplexity
+from ...lm.scoring import model_context
+from ...metrics import dispersion_gap, dispersion_gap_states
+from ...metrics.uncertainty import MIN_N_CI, Agreement, rank_agreement, ranks_desc
+from ...results import table
+from ...results.console import format_table
+from ...texts import limit_textset, load_texts
+from ..base import register
+from .inputs import (
     FORMS,
     Candidate,
     TokenSet,
     domain_token_ids,
     domain_words,
-    filter_candidates,
     general_token_ids,
-    model_candidates,
-    suite_candidates,
 )
 
 __all__ = [
     "DEFAULT_EVAL_TEXTS",
     "DEFAULT_GENERAL_TEXTS",
-    "DOMAINS",
-    "FORMS",
-    "MIN_N_CI",
     "VARIANTS",
-    "Candidate",
     "CandidateResult",
     "Corpora",
     "SelectConfig",
     "SelectExperiment",
     "SelectResult",
     "SelectRun",
-    "TokenSet",
     "config_dict",
-    "domain_token_ids",
-    "domain_words",
-    "filter_candidates",
-    "general_token_ids",
     "load_corpora",
     "measure_candidate",
-    "model_candidates",
     "run_select",
     "scored_bytes",
     "select_rows",
-    "suite_candidates",
 ]
 
 log = logging.getLogger(__name__)
@@ -349,7 +335,7 @@ def run_select(candidates: Sequence[Candidate], config: SelectConfig, *, loader=
 
     ``model_loader(spec)`` → LanguageModel (default :func:`lmgeom.load_model`).
     """
-    from ..models import load_model
+    from ...models import load_model
 
     if not candidates:
         raise ConfigError("no candidates: give --model (repeat for several) or --suite DIR")
@@ -495,7 +481,7 @@ class SelectExperiment:
 
     def run(self, *, work_dir: str | Path | None = None,
             progress: bool | None = None) -> SelectResult:
-        from ..models import load_model
+        from ...models import load_model
 
         def loader(spec):
             return load_model(spec, dtype=self.dtype, device=self.device,
@@ -552,8 +538,8 @@ class SelectResult:
         }
 
     def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
-        from ..report.figures_select import plot_select
-        from ..report.html import write_report
+        from ...report.figures_select import plot_select
+        from ...report.html import write_report
 
         figs = plot_select(self.run, folder.plots)
         caption = ("Each point is one candidate: its dispersion gap G (x; higher is read as "

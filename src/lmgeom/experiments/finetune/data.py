@@ -7,17 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..errors import TextsError
-from ..texts import load_texts
-from ..texts.chunks import make_chunks
-from ..training.schedule import BatchSchedule
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .finetune import FinetuneConfig
+from ...errors import TextsError
+from ...texts import load_texts
+from ...texts.chunks import make_chunks
+from ...training.schedule import BatchSchedule
+from .config import FinetuneSettings
 
 #: the second seed word of the held-out split (``TextSet.split(..., stream=SPLIT_STREAM)``)
 SPLIT_STREAM = 0x5EED
@@ -36,7 +34,7 @@ class Domain:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _domain(model, cfg: FinetuneConfig, i: int, spec: str) -> Domain:
+def _domain(model, cfg: FinetuneSettings, i: int, spec: str) -> Domain:
     ts = load_texts(spec, limit=cfg.n_texts, seed=cfg.seed)
     tr, ho = ts.split(cfg.heldout_fraction, cfg.seed, stream=SPLIT_STREAM)
     c_tr = make_chunks(model, tr, cfg.seq_len, bos=cfg.bos)
@@ -58,7 +56,7 @@ def _domain(model, cfg: FinetuneConfig, i: int, spec: str) -> Domain:
         "bos": c_tr.bos})
 
 
-def prepare_data(model, cfg: FinetuneConfig) -> tuple[list[Domain], dict[str, np.ndarray]]:
+def prepare_data(model, cfg: FinetuneSettings) -> tuple[list[Domain], dict[str, np.ndarray]]:
     """Training domains and evaluation sets (name → ``(N, T)`` chunks) for ``cfg``: the
     held-out chunks of each training corpus (``heldout:SPEC``) and the chunks of each
     ``eval_texts`` corpus not trained on (``SPEC``), at most ``eval_chunks`` each."""

@@ -1,5 +1,5 @@
-"""The unit of work of the scale × training-time sweep (:mod:`lmgeom.experiments.sweep`, which
-re-exports these names): one model × checkpoint (:class:`JobSpec`) analysed by
+"""The unit of work of the scale × training-time sweep (:mod:`lmgeom.experiments.sweep`
+runs them): one model × checkpoint (:class:`JobSpec`) analysed by
 :func:`sweep_job` into a :class:`JobResult` (plain, picklable arguments; an ordinary failure is
 returned, never raised), its cache key, and the job lists (a suite's checkpoints or models)."""
 
@@ -19,15 +19,15 @@ from typing import Any
 
 import pandas as pd
 
-from .._io import stable_hash
-from .._testing import fail_once
-from ..errors import ConfigError, LmgeomError
-from ..results import table
-from ..results.table import step_of
-from ..training.suite import read_suite, suite_checkpoints
-from .analyze import analyze_model
-from .layer_sweep import LayerSweepConfig, config_dict
-from .options import ModelOptions
+from ..._io import stable_hash
+from ..._testing import fail_once
+from ...errors import ConfigError, LmgeomError
+from ...results import table
+from ...results.table import step_of
+from ...training.suite_manifest import read_suite, suite_checkpoints
+from ..analyze import analyze_model
+from ..layer_sweep import LayerSweepConfig, config_dict
+from ..options import ModelOptions
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def job_key(job: JobSpec, texts, config: LayerSweepConfig, options: JobOptions) 
                              "weights": job.weights_sha256}
     if job.weights_sha256 is None:
         # by content: weights replaced in place or a moved hub branch give a new key
-        from ..models.load import model_fingerprint
+        from ...models.load import model_fingerprint
 
         with contextlib.suppress(LmgeomError, OSError):
             ident["weights"] = model_fingerprint(job.spec, job.hub_revision)

@@ -2,7 +2,7 @@
 on one shared text set, gathered into one tidy table with regimes, trajectories and plots.
 
 The unit of work is :func:`sweep_job` — one model × checkpoint → a :class:`JobResult` — which
-(with the job lists) lives in :mod:`lmgeom.experiments.sweep_jobs` and is re-exported here; it
+(with the job lists) lives in :mod:`lmgeom.experiments.sweep` (import it from there); it
 takes plain, picklable arguments (:class:`JobSpec`, a :class:`~lmgeom.texts.TextSet`, a
 :class:`~lmgeom.experiments.layer_sweep.LayerSweepConfig`, :class:`JobOptions`, a folder path), loads
 its own model and never raises for an ordinary failure: the error is returned in the result.
@@ -40,31 +40,26 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from .._io import atomic_path, write_json
-from ..activations.forward import progress_bar
-from ..engines import EngineConfig, make_engine
-from ..errors import ConfigError
-from ..metrics.regime import regimes_from_table
-from ..metrics.sample_size import join_flags, split_flags
-from ..report.figures_sweep import last_revisions, write_sweep_report
-from ..results import table
-from ..results.console import format_table
-from ..results.table import step_of
-from ..training.suite import duplicate_weights, read_suite
-from .analyze import resolve_k
-from .base import register
-from .layer_sweep import LayerSweepConfig, config_dict, fit_k
-from .options import TextOptions
-from .regime import regime_rows
-from .sweep_jobs import (
-    SWEEP_VERSION,
+from ..._io import atomic_path, write_json
+from ...activations.forward import progress_bar
+from ...engines import EngineConfig, make_engine
+from ...errors import ConfigError
+from ...metrics.regime import regimes_from_table
+from ...metrics.sample_size import join_flags, split_flags
+from ...report.figures_sweep import last_revisions, write_sweep_report
+from ...results import table
+from ...results.console import format_table
+from ...results.table import step_of
+from ...training.suite_manifest import duplicate_weights, read_suite
+from ..base import register
+from ..layer_sweep import LayerSweepConfig, config_dict, fit_k
+from ..options import TextOptions
+from ..regime import regime_rows
+from .jobs import (
     JobOptions,
     JobResult,
     JobSpec,
     job_key,
-    jobs_from_models,
-    jobs_from_suite,
-    select_jobs,
     sweep_job,
 )
 
@@ -428,24 +423,12 @@ class SweepConfig:
 
 
 __all__ = [
-    "SWEEP_VERSION",
-    "JobOptions",
-    "JobResult",
-    "JobSpec",
     "SweepConfig",
     "SweepResult",
     "gather",
     "identical_weight_groups",
-    "job_key",
-    "jobs_from_models",
-    "jobs_from_suite",
-    "last_revisions",
-    "resolve_k",
     "run_jobs",
     "run_sweep",
-    "select_jobs",
-    "step_of",
-    "sweep_job",
     "tracked_layers",
     "trajectory_rows",
 ]

@@ -7,22 +7,19 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..lm.perplexity import forward_chunks
-from ..metrics.dispersion import token_dispersion
-from ..metrics.regime import parse_setting
-from ..metrics.uncertainty import chunk_ci, paired_chunk_delta
-from ..results.console import format_table
-from ..results.table import frame, row
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .finetune import FinetuneConfig
-    from .finetune_arms import ArmResult
-    from .finetune_data import Domain
+from ...lm.scoring import forward_chunks
+from ...metrics.dispersion import token_dispersion
+from ...metrics.regime import parse_setting
+from ...metrics.uncertainty import chunk_ci, paired_chunk_delta
+from ...results.console import format_table
+from ...results.table import frame, row
+from .config import ArmResult, FinetuneSettings
+from .data import Domain
 
 EVAL_METRICS = ("perplexity", "nll", "dispersion")
 TRAIN_METRICS = ("train_lm_loss", "train_dispersion", "train_aux")
@@ -88,13 +85,13 @@ def cross_dispersion(ev: dict[str, dict[str, Any]], a: str, b: str) -> float:
     return float(1.0 - np.dot(ev[a]["_mean_unit"], ev[b]["_mean_unit"]))
 
 
-def setting_of(cfg: FinetuneConfig, label: str, eval_name: str, step: int) -> str:
+def setting_of(cfg: FinetuneSettings, label: str, eval_name: str, step: int) -> str:
     """The ``setting`` of a result row: ``eval=…;step=…;method=…;lambda=…;mode=…;layer=…``."""
     return (f"eval={eval_name};step={step};method={cfg.method};lambda={cfg.lam:g};"
             f"mode={cfg.aux_mode};layer={label}")
 
 
-def eval_rows(cfg: FinetuneConfig, arm: str, label: str, step: int,
+def eval_rows(cfg: FinetuneSettings, arm: str, label: str, step: int,
               ev: dict[str, dict[str, Any]], domains: Sequence[Domain]) -> list[dict[str, Any]]:
     """Rows of one :func:`evaluate`: every :data:`EVAL_METRICS` per set, and the held-out
     ``cross_dispersion`` of every pair of training domains."""
@@ -116,7 +113,7 @@ def eval_rows(cfg: FinetuneConfig, arm: str, label: str, step: int,
     return out
 
 
-def train_rows(cfg: FinetuneConfig, arm: str, label: str, step: int,
+def train_rows(cfg: FinetuneSettings, arm: str, label: str, step: int,
                logs: Sequence[dict[str, float]]) -> list[dict[str, Any]]:
     """Rows :data:`TRAIN_METRICS`: the mean of the step logs since the previous evaluation."""
     if not logs:
@@ -143,7 +140,7 @@ def paired_delta(a: dict[str, Any], b: dict[str, Any], *, seed: int = 0,
     return paired_chunk_delta(na, nb, ta, da, db, seed=seed, n_boot=n_boot)
 
 
-def delta_rows(cfg: FinetuneConfig, label: str, results: dict[str, ArmResult]) -> list[dict[str, Any]]:
+def delta_rows(cfg: FinetuneSettings, label: str, results: dict[str, ArmResult]) -> list[dict[str, Any]]:
     """Rows ``<metric>_delta_vs_none`` for every arm other than ``none`` at the last step:
     the arm minus the none arm on the same held-out chunks, with a paired bootstrap 95 % CI."""
     ref = results.get("none")
@@ -215,7 +212,7 @@ def summary_frame(df):
     return pd.DataFrame(out)
 
 
-def summary_text(cfg: FinetuneConfig, layer: str, df) -> str:
+def summary_text(cfg: FinetuneSettings, layer: str, df) -> str:
     """The before / after table ``lmgeom train`` prints (with paired deltas vs the none arm)
     of the results table ``df``."""
     summ = summary_frame(df)

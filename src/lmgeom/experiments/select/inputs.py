@@ -1,5 +1,5 @@
-"""The inputs of model / checkpoint selection (:mod:`lmgeom.experiments.select`, which
-re-exports these names): the domain and general token sets (each candidate's own tokenizer)
+"""The inputs of model / checkpoint selection (:mod:`lmgeom.experiments.select`
+scores them): the domain and general token sets (each candidate's own tokenizer)
 and the candidates (a training suite's checkpoints, or models named one by one)."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, ModelError, TextsError
+from ...errors import ConfigError, ModelError, TextsError
+from ...training.suite_manifest import suite_checkpoints
 
 DOMAINS: dict[str, tuple[str, ...]] = {
     "math": tuple("0123456789"),
@@ -141,18 +142,11 @@ def suite_candidates(folder: str | Path) -> list[Candidate]:
                          f"--out {root}`)")
     found: dict[str, Candidate] = {}
     if (root / "suite.json").is_file():
-        try:
-            from ..training.suite import suite_checkpoints
-        except ImportError:  # pragma: no cover - training extra missing
-            suite_checkpoints = None
-        if suite_checkpoints is not None:
-            for ck in suite_checkpoints(root):
-                p = Path(ck["path"])
-                found[str(p.resolve())] = _suite_candidate(root, p, str(ck["label"]),
-                                                           int(ck["step"]))
-            if found:
-                return sorted(found.values(),
-                              key=lambda c: (_width_key(c.group), c.step or 0, c.spec))
+        for ck in suite_checkpoints(root):
+            p = Path(ck["path"])
+            found[str(p.resolve())] = _suite_candidate(root, p, str(ck["label"]), int(ck["step"]))
+        if found:
+            return sorted(found.values(), key=lambda c: (_width_key(c.group), c.step or 0, c.spec))
     man = root / "manifest.json"
     if man.is_file():
         try:

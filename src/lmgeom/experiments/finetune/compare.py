@@ -28,12 +28,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..errors import ConfigError
-from ..report.figures_compare import plot_compare
-from ..report.html import write_report
-from ..results.table import frame, row
-from .finetune import FinetuneConfig, finetune
-from .finetune_eval import tidy
+from ...errors import ConfigError
+from ...report.figures_compare import plot_compare
+from ...report.html import write_report
+from ...results.table import frame, row
+from .evaluation import tidy
+from .run import FinetuneConfig, finetune
 
 METRICS = ("perplexity", "dispersion")
 
