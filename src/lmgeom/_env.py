@@ -6,8 +6,8 @@ and what it accepts, never a silent fallback or a ``ValueError`` from deep insid
 the CLI calls it before any work.
 
 Free-form variables (paths, flags) are read where they are used: ``LMGEOM_CACHE`` (checked by
-:func:`lmgeom._paths.check_cache_writable`), ``LMGEOM_WHEELS``, ``LMGEOM_QUIET`` and the
-``LMGEOM_TEST_*`` and ``LMGEOM_PAUSE_*`` hooks of :mod:`lmgeom._testing`.
+``lmgeom._paths.check_cache_writable``), ``LMGEOM_WHEELS``, ``LMGEOM_QUIET`` and the
+``LMGEOM_TEST_*`` and ``LMGEOM_PAUSE_*`` hooks of ``lmgeom._testing``.
 """
 
 from __future__ import annotations

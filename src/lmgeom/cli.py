@@ -78,7 +78,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _usage_error(prog: str, message: str):
-    """Print argparse's complaint as lmgeom's one line and exit 2 (:class:`_UsageExit`)."""
+    """Print argparse's complaint as lmgeom's one line and exit 2 (``_UsageExit``)."""
     message = " ".join(message.split())
     m = re.match(r"argument ([^:]+): (.*)$", message)
     if m:
@@ -98,7 +98,7 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
             "Representation geometry of causal language models, layer by layer: "
             "Subspace PGA (is a layer organised for the readout W_U?) and representation "
             "dispersion (how widely a model spreads its contexts). Runs offline on the bundled "
-            "models (smollm2-135m, gemma3-270m) and corpora (builtin:*)."
+            "models (smollm2-135m, gemma3-270m) and corpora (builtin:NAME)."
         ),
     )
     parser.add_argument("--version", action="version", version=f"lmgeom {__version__}")

@@ -52,7 +52,7 @@ class ClaimsArgs:
         n_ladder: decide the PGA claims (P1-P5, P7, P8) at several n in one run, e.g.
             64,128,256: one forward pass per model at the largest n (which is the run's --n),
             its states sliced into nested seeded subsets for the smaller ones; the growth of
-            |z| with n is measured per model, a verdict that differs between the two largest n
+            abs(z) with n is measured per model, a verdict that differs between the two largest n
             is marked 'unstable' (a verdict 'underpowered' at the smaller n that the larger
             decides is not a change), and claims_ladder.parquet has every n's verdicts. The
             dispersion claims (D1-D8) run at the largest n only.

@@ -1,6 +1,6 @@
 """Validated argparse types of lmgeom's options: each checks its value as the command line is
 parsed, so a bad value fails before any work with one line (``lmgeom CMD: error: --n must be >= 1
-(got 0)``, see :class:`lmgeom.cli._Parser`). Commands reach them through
+(got 0)``, see ``lmgeom.cli._Parser``). Commands reach them through
 :mod:`lmgeom.commands.options`."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ and produce the same numbers. The ``ray`` engine:
   (a GPU job sees only its GPU through ``CUDA_VISIBLE_DEVICES`` and runs its forward on it);
 * retries a failed job up to ``--retries`` times: the driver resubmits it, whether the job
   raised, its worker process died (killed, out of memory) or its node left the cluster, and
-  counts every attempt (:attr:`TaskOutcome.attempts`, :attr:`TaskOutcome.history`); a job
+  counts every attempt (``TaskOutcome.attempts``, ``TaskOutcome.history``); a job
   that still fails is returned as a failure with the reason, and every other job's result
   is kept. A user error (any :class:`~lmgeom.errors.LmgeomError`: missing weights, a bad
   option, unusable texts) is deterministic and never retried, on either engine;

@@ -70,7 +70,7 @@ def _init_ray(ray, cfg: EngineConfig) -> None:
 
 def failure_of_ray_error(ray, exc: BaseException) -> tuple[str, str, str | None, BaseException]:
     """``(error_type, message, traceback, exception)`` of what ``ray.get`` raised: the job's
-    own exception for a :class:`RayTaskError`, else Ray's (worker died, node died, ...)."""
+    own exception for a ``RayTaskError``, else Ray's (worker died, node died, ...)."""
     if isinstance(exc, ray.exceptions.RayTaskError):
         cause = exc.cause if getattr(exc, "cause", None) is not None else exc
         return type(cause).__name__, f"{type(cause).__name__}: {cause}", str(exc)[-2000:], cause

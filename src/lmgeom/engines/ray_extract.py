@@ -19,7 +19,7 @@ same per-batch code. The difference is who runs the forwards:
 An actor that dies (its process killed or out of memory, its node gone) is replaced by a new
 one, placed wherever the cluster has room, and the batches it held are resubmitted first; a
 batch lost more than ``--retries`` times stops the extraction with a
-:class:`~lmgeom.engines.base.ClusterError` (the shards already written stay in the cache, so a
+:class:`~lmgeom.errors.ClusterError` (the shards already written stay in the cache, so a
 rerun resumes). The driver does all of this itself (Ray's own actor restarts and task retries
 are off) so it can count it: ``timings["batches_lost"]``, ``timings["workers_replaced"]``.
 An error inside a batch (e.g. non-finite states) stops the extraction with that error, as a
@@ -118,7 +118,8 @@ def extract_distributed(
         engine: the Ray settings (address, CPUs / GPUs per actor, ``workers``, ``retries``).
         load_kwargs: ``dtype``, ``device``, ``revision``, ``device_map``,
             ``trust_remote_code`` for :func:`~lmgeom.load_model` on the workers.
-        The other arguments are those of :func:`~lmgeom.activations.extract`.
+        layers, pooling, max_length, batch_size, cache, n_tokens, seed, progress, cache_root:
+            as in :func:`~lmgeom.activations.extract`.
 
     Returns:
         The same :class:`Activations` as a local extraction, with ``timings`` that also record

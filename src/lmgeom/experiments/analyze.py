@@ -180,7 +180,7 @@ def analyze_model(
         log_samples: also compute the per-text rows of :mod:`~.samples` (one more forward
             pass, for the per-text perplexity).
         ladder: smaller numbers of texts to sweep again on nested seeded subsets of
-            ``texts`` (their states sliced from this extraction; :attr:`ModelAnalysis.ladder`).
+            ``texts`` (their states sliced from this extraction; ``ModelAnalysis.ladder``).
     """
     opts = model_options or ModelOptions()
     if hub_revision is not None:

@@ -5,6 +5,7 @@ Procedure, per model × corpus:
 1. **Document** and 2. **Chunks**: :func:`lmgeom.texts.chunks.make_chunks` (texts joined
    with the tokenizer's EOS, cut into chunks of exactly ``chunk_len`` tokens, a seeded sample
    of ``max_chunks``).
+
 3. **BOS.** With ``bos="auto"`` (default) a BOS token is put in front of each chunk when the
    tokenizer prepends one to ordinary input (Gemma does, SmolLM2 does not), so the model sees
    inputs like the ones it was trained on. The BOS position is left out of the dispersion.

@@ -4,7 +4,7 @@ and a Ray worker build models and text sets the same way.
 
 They are also the CLI's option groups: each field's ``Attributes:`` entry is its ``--help``
 and its ``metadata["cli"]`` what else the command line needs
-(:func:`lmgeom.commands.options.add_options`)."""
+(``lmgeom.commands.options.add_options``)."""
 
 from __future__ import annotations
 

@@ -3,17 +3,19 @@
 
 Columns of ``samples.parquet`` written by ``analyze``:
 
-``model``, ``revision``        as in the results table
-``id``, ``label``              the text's id and label (``""`` when unlabeled)
-``n_tokens``                   tokens the model saw (after truncation to ``max_length``)
-``n_tokens_full``              tokens of the whole text
-``truncated``                  whether the text was cut to ``max_length``
-``nll``                        mean NLL (nats / token) of tokens 2..T of what the model saw
-``perplexity``                 ``exp(nll)``
-``norm@<layer>``               L2 norm of the text's pooled state at that layer
-``readout_share@<layer>``      share of the text's *centred* pooled state inside the readout
-                               subspace, ``‖V_kᵀ (x − x̄)‖² / ‖x − x̄‖²`` (random baseline k/d): the
-                               per-text view of what PGA measures over pairs
+::
+
+    ``model``, ``revision``        as in the results table
+    ``id``, ``label``              the text's id and label (``""`` when unlabeled)
+    ``n_tokens``                   tokens the model saw (after truncation to ``max_length``)
+    ``n_tokens_full``              tokens of the whole text
+    ``truncated``                  whether the text was cut to ``max_length``
+    ``nll``                        mean NLL (nats / token) of tokens 2..T of what the model saw
+    ``perplexity``                 ``exp(nll)``
+    ``norm@<layer>``               L2 norm of the text's pooled state at that layer
+    ``readout_share@<layer>``      share of the text's *centred* pooled state inside the readout
+                                   subspace, ``‖V_kᵀ (x − x̄)‖² / ‖x − x̄‖²`` (random baseline k/d): the
+                                   per-text view of what PGA measures over pairs
 """
 
 from __future__ import annotations

@@ -2,16 +2,16 @@
 
 A worker owns the buffers needed to evaluate one null frame: project the unique rows,
 normalise, form the cosines, rank them against the reference
-(:mod:`~lmgeom.metrics._rank_kernel`). Two layouts of the cosines:
+(``lmgeom.metrics._rank_kernel``). Two layouts of the cosines:
 
 * **Gram** (exact pairs whose rows fit one square Gram matrix, :func:`~lmgeom.metrics._pairs.
   gram_index`): one BLAS SYRK of the unit rows fills the cosines (a numpy GEMM per row block
   where scipy's Cython BLAS is not reachable), and the kernel streams ``fl(1 - cos)`` from it
   in pair order, with no distance vector. With many duplicate rows (a
-  :class:`~lmgeom.metrics._rank_kernel.WeightedReference`) it ranks the distinct entries with their
+  ``lmgeom.metrics._rank_kernel.WeightedReference``) it ranks the distinct entries with their
   multiplicities; their Gram matrix comes from GEMMs.
 * **distances** (sampled pairs, and exact layouts too large for one Gram matrix): the pair
-  distance vector of :func:`~lmgeom.metrics._pairs.pair_distances`, ranked by the kernel.
+  distance vector of ``lmgeom.metrics._pairs.pair_distances``, ranked by the kernel.
 
 Everything is float64, except the per-frame projections and dot products with float32 frames.
 """
@@ -132,7 +132,7 @@ class CpuWorker:
 
     def null_refs(self, refs: list[RankReference], layout: Layout) -> Any:
         """The references as :meth:`null_rhos` reads them (computed once, shared by all
-        workers): :class:`_GramRefs` for the Gram layout, else ``refs`` itself."""
+        workers): ``_GramRefs`` for the Gram layout, else ``refs`` itself."""
         gidx = gram_index(layout)
         n_g = layout.n_unique if layout.pair_map is not None else layout.n
         if gidx is None or 8 * n_g * n_g > GRAM_BYTES:

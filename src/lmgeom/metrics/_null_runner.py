@@ -1,8 +1,8 @@
 """Runs the null loop's frame jobs on workers: one ranking path per device.
 
-On the CPU (``device=None`` / ``"cpu"``) a :class:`~lmgeom.metrics._cpu_worker.CpuWorker` per
-thread ranks through the compiled kernel (:mod:`~lmgeom.metrics._rank_kernel`); on a torch
-device one :class:`~lmgeom.metrics._device_worker.TorchWorker` ranks with ``torch.sort``. When
+On the CPU (``device=None`` / ``"cpu"``) a ``lmgeom.metrics._cpu_worker.CpuWorker`` per
+thread ranks through the compiled kernel (``lmgeom.metrics._rank_kernel``); on a torch
+device one ``lmgeom.metrics._device_worker.TorchWorker`` ranks with ``torch.sort``. When
 numba is missing or broken, the CPU runs the torch worker on the CPU (logged once; float64
 frames). :class:`Runner` hands frames to one or more workers (threads: the kernel, BLAS and
 numpy release the GIL; BLAS is then limited to one thread per worker) and returns results in

@@ -234,7 +234,7 @@ def every_z(m: ModelInfo, prof: pd.DataFrame, power: Power | None, what: str) ->
     """"z is above 0 at every layer of ``prof``": contradicted by any layer decided below;
     supported when every layer is decided above; else the verdict of the layers not decided
     (underpowered, with the n they would need), taken from the lowest such layer. The CI is
-    the lowest bounds over the layers (:func:`_every`)."""
+    the lowest bounds over the layers (``_every``)."""
     calls = [z_of(m, r, ">", power, f"{what} {r.z:.2f} at layer {r.layer}")
              for r in prof.itertuples()]
     against = [c for c in calls if c.verdict == CONTRADICTED]

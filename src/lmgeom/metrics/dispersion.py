@@ -10,7 +10,7 @@ The between-sets version is ``D(A, B) = mean_{i∈A, j∈B} (1 - cos) = 1 - ū_A
 Both accept numpy arrays (float64 arithmetic, a Python float out) or torch tensors (the
 tensor's dtype and device, a 0-d tensor out, differentiable — the push-away / squeeze training
 losses reuse :func:`dispersion` and :func:`dispersion_between`). The core,
-:func:`_dispersion_core`, is the same arithmetic for both.
+``_dispersion_core``, is the same arithmetic for both.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ null ``rho_b = Spearman(d_full, d_Q)`` for frames Q uniform on the Grassmannian;
 
 How it is fast (and still exact): the full-space distances are ranked once; every frame's
 cosines come from one Gram matrix of the row-normalised projection (no ``pdist``), ranked
-against the reference by the compiled kernel of :mod:`lmgeom.metrics._rank_kernel` (int32
+against the reference by the compiled kernel of ``lmgeom.metrics._rank_kernel`` (int32
 keys, a radix sort, runs of equal keys finished with the exact float64 distances, the
 numerator summed exactly in integers); frames run on two worker threads
-(:mod:`lmgeom.metrics._null_runner`; on a torch device, ``torch.sort``). Memory: per worker
+(``lmgeom.metrics._null_runner``; on a torch device, ``torch.sort``). Memory: per worker
 one Gram matrix (up to 256 MB; larger exact layouts use blocked pair-distance vectors) and
 the kernel's buffers, about ``30 P`` bytes for P pairs (N = 10 000 exact: P = 5e7, ~3 GB with
 2 workers; ``pairs=200_000``: ~10 MB whatever N). At most 2**31 - 1 pairs (exact mode up to

@@ -10,16 +10,37 @@ table's ``flag`` column (``";"``-joined, ``""`` for an ordinary value).
 
 Subspace PGA (``subspace_pga``, ``subspace_pga_levels``):
 
-================  ===========================  ====================  ==============
-quantity          refused (hard minimum)        flagged below         flag code
-================  ===========================  ====================  ==============
-rows N            N < :data:`MIN_ROWS_HARD`     :data:`MIN_ROWS`      ``low_n``
-distinct states   1 (no variance)               :data:`MIN_ROWS`      ``few_distinct``
-null draws        n_null < :data:`MIN_NULL_HARD`  :data:`MIN_NULL`    ``low_null``
-sampled pairs     pairs < :data:`MIN_PAIRS_HARD`  :data:`MIN_PAIRS`   ``low_pairs``
-readout dim k     k >= d                        k >= rank r_m         ``k_rank``
-CCR-m             m >= rank of the centred X    (r_m <= k: k_rank)    ``k_rank``
-================  ===========================  ====================  ==============
+.. list-table::
+   :header-rows: 1
+
+   * - quantity
+     - refused (hard minimum)
+     - flagged below
+     - flag code
+   * - rows N
+     - N < :data:`MIN_ROWS_HARD`
+     - :data:`MIN_ROWS`
+     - ``low_n``
+   * - distinct states
+     - 1 (no variance)
+     - :data:`MIN_ROWS`
+     - ``few_distinct``
+   * - null draws
+     - n_null < :data:`MIN_NULL_HARD`
+     - :data:`MIN_NULL`
+     - ``low_null``
+   * - sampled pairs
+     - pairs < :data:`MIN_PAIRS_HARD`
+     - :data:`MIN_PAIRS`
+     - ``low_pairs``
+   * - readout dim k
+     - k >= d
+     - k >= rank r_m
+     - ``k_rank``
+   * - CCR-m
+     - m >= rank of the centred X
+     - (r_m <= k: k_rank)
+     - ``k_rank``
 
 ``r_m`` is the numerical rank of the states after centring and CCR-m: the rank of the centred
 X (at most N - 1, and at most the number of distinct rows - 1) minus m, counting singular

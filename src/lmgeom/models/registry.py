@@ -7,11 +7,14 @@ Metric and experiment code never branches on the architecture.
 
 Measurement points (METHODS.md):
 
-``attn_out``  the attention sublayer's contribution to the residual stream, after any post-norm
-              the architecture applies (Gemma-2/3 and OLMo-2 norm the sublayer outputs).
-``ffn_in``    the input of the FFN sublayer: the input of the MLP module, i.e. after its
-              pre-norm (OLMo-2 has no pre-norm there: it is the residual itself).
-``ffn_out``   the FFN's contribution to the residual, after any post-norm.
+::
+
+    ``attn_out``  the attention sublayer's contribution to the residual stream, after any post-norm
+                  the architecture applies (Gemma-2/3 and OLMo-2 norm the sublayer outputs).
+    ``ffn_in``    the input of the FFN sublayer: the input of the MLP module, i.e. after its
+                  pre-norm (OLMo-2 has no pre-norm there: it is the residual itself).
+    ``ffn_out``   the FFN's contribution to the residual, after any post-norm.
+
 
 For every supported architecture ``block_out − block_in == attn_out + ffn_out`` (tested).
 """

@@ -14,12 +14,12 @@ unchanged.
 
 Choosing ``every`` (the rule, from ``benchmarks/bench_monitor.py``, RESULTS.md "monitor"): the
 overhead is ``t_call / (every · t_step)``, with ``t_call`` the monitor's time per call
-(:attr:`GeometryMonitor.timings`: forward + metrics) and ``t_step`` one optimiser step. Take
+(``GeometryMonitor.timings``: forward + metrics) and ``t_step`` one optimiser step. Take
 ``every >= 20 · t_call / t_step`` for at most 5 %. Measured on 2 shared CPU cores: a width-suite
 model at the default shape (d = 64, 6 layers, 16 × 128 tokens a step) takes 2.0 s a step and
 5.4 s a call, 2.6 % at ``every`` = 100 (5.3 % at 50, 0.5 % at 500); hence the default,
 :data:`DEFAULT_EVERY` = 100. With a bigger probe set, more layers or a smaller training batch,
-time one call (``monitor.measure(0)``, then :attr:`GeometryMonitor.timings`) and apply the rule.
+time one call (``monitor.measure(0)``, then ``GeometryMonitor.timings``) and apply the rule.
 
 Use in a plain loop::
 

@@ -3,7 +3,7 @@ mode (per module) and every random number generator training draws from.
 
 :func:`preserved` wraps one monitor call: it records the ``training`` flag of every module of the
 model and the states of the CPU torch generator, of every initialised CUDA device's generator,
-of Python's :mod:`random` and of NumPy's global generator, and restores all of them on the way
+of Python's ``random`` and of NumPy's global generator, and restores all of them on the way
 out (also after an error), so a training run with the monitor is bit-identical to one without.
 """
 

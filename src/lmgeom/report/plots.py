@@ -319,7 +319,7 @@ def _draw_band(ax: Any, run_rows: pd.DataFrame, setting: str, point: str,
 
 @dataclass(frozen=True)
 class _Style:
-    """The per-figure choices of :func:`_build` a panel needs."""
+    """The per-figure choices of ``_build`` a panel needs."""
 
     logy: bool | Collection[str]
     zero_line: bool | Collection[str]

@@ -7,7 +7,7 @@ there are removed. A non-empty folder without lmgeom's marker is never used.
 
 Single-file and dataset outputs (``extract --out``, ``ppl --out``, ``pga --csv`` ...) go through
 :func:`claim_output`: checked before any work, locked against a second run while it writes.
-Which files "lmgeom wrote" is decided by :func:`lmgeom._io.written_by_lmgeom`.
+Which files "lmgeom wrote" is decided by ``lmgeom._io.written_by_lmgeom``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def run_signature(settings: dict[str, Any]) -> str:
     return stable_hash(settings)[:16]
 
 
-#: the run folder's marker (written first, by lmgeom: :func:`~lmgeom._io.written_by_lmgeom`)
+#: the run folder's marker (written first, by lmgeom: ``lmgeom._io.written_by_lmgeom``)
 MARKER = ".lmgeom-run"
 
 
@@ -76,10 +76,10 @@ def prepare_out_dir(out: str | Path, signature: str, *, overwrite: bool = False,
     * a new or empty folder is used as it is;
     * a folder holding the same run (its marker, written by lmgeom, has ``signature``) is reused;
     * a folder holding a different lmgeom run is refused unless ``overwrite``: then only the
-      files lmgeom wrote there are removed (:func:`~lmgeom._io.remove_written`), never another;
+      files lmgeom wrote there are removed (``lmgeom._io.remove_written``), never another;
     * any other non-empty folder is refused, whatever ``overwrite`` says;
     * the cache, the current folder, its parents and the home folder are refused
-      (:func:`~lmgeom._paths.check_output_location`).
+      (``lmgeom._paths.check_output_location``).
     """
     out = check_output_location(out, option=option)
     if out.exists() and not out.is_dir():
@@ -179,7 +179,7 @@ def claim_output(path: str | Path | None, *, option: str = "--out", kind: str = 
     ``suffixes`` (when given), and an existing file there must be one lmgeom wrote.
     ``kind="folder"`` (a dataset folder lmgeom writes whole): an existing folder must hold only
     files lmgeom wrote. Both: not in the cache, not the current folder or its parents, not the
-    home folder (:func:`~lmgeom._paths.check_output_location`). ``None`` passes through."""
+    home folder (``lmgeom._paths.check_output_location``). ``None`` passes through."""
     if path is None or path == "":
         yield None
         return

@@ -3,25 +3,27 @@ metric × setting) and the helpers that read and write it.
 
 Columns
 -------
-model        str    model spec as the user gave it (e.g. ``smollm2-135m``)
-revision     str    checkpoint / revision label, ``""`` when none
-layer        str    layer label: ``"0"`` (embeddings), ``"1"``..``"L"``, ``"final"``; or a
-                    measurement point such as ``"30.attn_out"``; ``""`` for model-level rows
-layer_index  int    position on the layer axis (0..L, ``final`` = L+1); -1 for model-level rows
-depth        float  layer_index / (L+1), comparable across models of different depth
-metric       str    e.g. ``pga_z``, ``rho_readout``, ``null_mean``, ``null_std``, ``p_value``,
-                    ``pc1_share``, ``pc1_baseline``, ``pc1_evr``, ``rankme``, ``alpha_req``,
-                    ``isoscore``, ``mean_cosine``, ``condition_number``, ``logit_lens_top1``,
-                    ``logit_lens_kl``, ``dispersion``, ``perplexity``, ...
-setting      str    the setting that distinguishes rows of one metric, e.g. ``ccr=1``; ``""``
-value        float  the number
-ci_low       float  lower end of the 95 % interval (NaN when none)
-ci_high      float  upper end of the 95 % interval (NaN when none)
-seed         float  seed of the sampling the value depends on (NaN when deterministic)
-n            float  number of samples (texts, chunks, pairs, ...) the value rests on
-flag         str    ``""`` for an ordinary value; else why it rests on too little data, as
-                    ``";"``-joined codes (``low_n``, ``few_distinct``, ``low_null``,
-                    ``low_pairs``, ``k_rank``: :mod:`lmgeom.metrics.sample_size`)
+::
+
+    model        str    model spec as the user gave it (e.g. ``smollm2-135m``)
+    revision     str    checkpoint / revision label, ``""`` when none
+    layer        str    layer label: ``"0"`` (embeddings), ``"1"``..``"L"``, ``"final"``; or a
+                        measurement point such as ``"30.attn_out"``; ``""`` for model-level rows
+    layer_index  int    position on the layer axis (0..L, ``final`` = L+1); -1 for model-level rows
+    depth        float  layer_index / (L+1), comparable across models of different depth
+    metric       str    e.g. ``pga_z``, ``rho_readout``, ``null_mean``, ``null_std``, ``p_value``,
+                        ``pc1_share``, ``pc1_baseline``, ``pc1_evr``, ``rankme``, ``alpha_req``,
+                        ``isoscore``, ``mean_cosine``, ``condition_number``, ``logit_lens_top1``,
+                        ``logit_lens_kl``, ``dispersion``, ``perplexity``, ...
+    setting      str    the setting that distinguishes rows of one metric, e.g. ``ccr=1``; ``""``
+    value        float  the number
+    ci_low       float  lower end of the 95 % interval (NaN when none)
+    ci_high      float  upper end of the 95 % interval (NaN when none)
+    seed         float  seed of the sampling the value depends on (NaN when deterministic)
+    n            float  number of samples (texts, chunks, pairs, ...) the value rests on
+    flag         str    ``""`` for an ordinary value; else why it rests on too little data, as
+                        ``";"``-joined codes (``low_n``, ``few_distinct``, ``low_null``,
+                        ``low_pairs``, ``k_rank``: :mod:`lmgeom.metrics.sample_size`)
 """
 
 from __future__ import annotations

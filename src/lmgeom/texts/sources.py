@@ -1,6 +1,6 @@
 """Builders for the built-in corpora: raw files from wheels (or the stdlib) → clean records.
 
-Each builder takes what it needs (a :class:`zipfile.ZipFile` of the wheel, or the stdlib path)
+Each builder takes what it needs (a ``zipfile.ZipFile`` of the wheel, or the stdlib path)
 and returns ``(records, summary)``: ``records`` is a list of ``{"id", "text"[, "label"]}``
 dicts in a deterministic order and ``summary`` a short description such as
 ``"106 articles → 3819 paragraphs"``. Wheels are only read as zip archives: their code is never
@@ -270,7 +270,7 @@ def _chunks(lines: list[str], tree: ast.Module) -> list[tuple[str, str]]:
 
 
 def build_code(stdlib: Path | None = None) -> tuple[list[Record], str]:
-    """The Python standard library of the running interpreter, split with :mod:`ast` into
+    """The Python standard library of the running interpreter, split with ``ast`` into
     top-level function and class chunks of 30–400 words (test packages, ``site-packages`` and
     generated modules skipped; exact duplicates removed)."""
     root = stdlib or stdlib_path()

@@ -137,7 +137,7 @@ def train_loop(model, optimizer, params: Iterable[Any], *, start: int, steps: in
             1``) and ``entry`` the step's log entry plus ``step`` (= ``s``) and ``seconds``
             (the step's wall time); or, for an object with a ``step`` method (a monitor),
             ``hook.step(s)``. Any true return value stops the loop after this step.
-        what / hint: name of the run and the fix suggested when the loss becomes non-finite.
+        what, hint: name of the run and the fix suggested when the loss becomes non-finite.
 
     Returns:
         The number of steps run by this call.

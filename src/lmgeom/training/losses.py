@@ -28,7 +28,7 @@ means in the paper's setting. Any lmgeom measurement point can be chosen instead
 
 Token sampling: ``max_tokens`` keeps a seeded uniform sample of at most that many token
 states per call (per domain in cross mode); the k-th call of a loss object uses the seed
-``SeedSequence([seed, k])``, so a run is reproducible and resumable (:attr:`calls`). Because the
+``SeedSequence([seed, k])``, so a run is reproducible and resumable (``calls``). Because the
 term is O(n·d), sampling is only a memory/speed convenience; the default keeps all tokens.
 
 Use in a plain PyTorch loop::
@@ -199,7 +199,7 @@ class DispersionLoss(torch.nn.Module):
     def kept_states(self, hidden: torch.Tensor,
                     attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The ``(n, d)`` token states one call uses in ``mode="within"``: padding dropped, then
-        the call's seeded sample of at most ``max_tokens`` (advances :attr:`calls`)."""
+        the call's seeded sample of at most ``max_tokens`` (advances ``calls``)."""
         H, _ = self.token_states(hidden, attention_mask)
         g = self._generator()
         self.calls += 1
@@ -223,7 +223,7 @@ class DispersionLoss(torch.nn.Module):
         Returns:
             ``d_avg`` (within) or the mean cross-domain distance (cross). A batch without two
             tokens (within) or without two domains (cross) gives 0 with a zero gradient and
-            counts in :attr:`n_degenerate`.
+            counts in ``n_degenerate``.
         """
         # float32 even under autocast (autocast would run the O(n·d) matmul in bf16)
         with torch.autocast(device_type=hidden.device.type, enabled=False):

@@ -2,29 +2,42 @@
 
 Every member acts on the token states of one layer of a training batch, chosen, flattened,
 padding-dropped and (with ``max_tokens``) sampled exactly as :class:`~.losses.DispersionLoss`
-does; each returns ``(L_aux, d)`` from :meth:`terms` (``d``: the dispersion of the same states,
+does; each returns ``(L_aux, d)`` from ``terms`` (``d``: the dispersion of the same states,
 for logging) and plugs into :func:`~.losses.forward_with_aux`, the Trainer mixin and the
 training loop unchanged. ``total = L_CE + lam · L_aux``.
 
 With ``u_i = h_i / ‖h_i‖`` the unit states, ``c_ij = u_i·u_j`` and the means over ordered pairs
 ``i ≠ j`` of the ``n`` kept states:
 
-==============  =====================================================  =====================
-name            ``L_aux``                                              effect on ``d``
-==============  =====================================================  =====================
-``push-away``   ``−d``, ``d = mean_{i≠j} (1 − c_ij)`` (METHODS.md)      raises
-``squeeze``     ``+d`` (the control)                                   lowers
-``none``        ``0 · d`` (measure only)                               none
-``infonce-l2``  ``log mean_{i≠j} exp(−‖h_i − h_j‖² / (D · τ))`` on     raises
-                the raw states (``D`` = width; the dispersive loss of
-                Wang & He 2025, "Diffuse and Disperse")
-``infonce-cos`` ``log mean_{i≠j} exp(c_ij / τ)``                        raises
-``hinge-cos``   ``mean_{i≠j} max(0, c_ij − margin)²``                  raises (while pairs
-                                                                       exceed the margin)
-``covariance``  ``Σ_{a≠b} C_ab² / D``, ``C`` the covariance (ddof 1)    none fixed: it
-                of the unit states (off-diagonal decorrelation, as     decorrelates (below)
-                VICReg and Wang & He's covariance variant)
-==============  =====================================================  =====================
+.. list-table::
+   :header-rows: 1
+
+   * - name
+     - ``L_aux``
+     - effect on ``d``
+   * - ``push-away``
+     - ``−d``, ``d = mean_{i≠j} (1 − c_ij)`` (METHODS.md)
+     - raises
+   * - ``squeeze``
+     - ``+d`` (the control)
+     - lowers
+   * - ``none``
+     - ``0 · d`` (measure only)
+     - none
+   * - ``infonce-l2``
+     - ``log mean_{i≠j} exp(−‖h_i − h_j‖² / (D · τ))`` on the raw states (``D`` = width; the
+       dispersive loss of Wang & He 2025, "Diffuse and Disperse")
+     - raises
+   * - ``infonce-cos``
+     - ``log mean_{i≠j} exp(c_ij / τ)``
+     - raises
+   * - ``hinge-cos``
+     - ``mean_{i≠j} max(0, c_ij − margin)²``
+     - raises (while pairs exceed the margin)
+   * - ``covariance``
+     - ``Σ_{a≠b} C_ab² / D``, ``C`` the covariance (ddof 1) of the unit states (off-diagonal
+       decorrelation, as VICReg and Wang & He's covariance variant)
+     - none fixed: it decorrelates (below)
 
 ``covariance`` targets decorrelation, not the spread: ``d = n/(n−1)·(1 − ‖ū‖²) = trace(C)`` of
 the unit states, and the off-diagonal penalty is also lowered by shrinking ``C``. Measured: a
@@ -55,7 +68,7 @@ from .losses import DispersionLoss, MeasureOnlyLoss, PushAwayLoss, SqueezeLoss
 
 class SetRegulariser(DispersionLoss):
     """Base of the variants whose ``L_aux`` is not a multiple of ``d``: subclasses define
-    :meth:`objective` over the ``(n, d)`` kept token states. Arguments as
+    ``objective`` over the ``(n, d)`` kept token states. Arguments as
     :class:`~.losses.DispersionLoss` (without ``sign``; ``mode`` must be ``"within"``)."""
 
     kind = "set"

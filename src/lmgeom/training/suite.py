@@ -160,7 +160,7 @@ def train_suite(
 
     Raises:
         CacheError: the folder holds something else or another process trains it.
-        ConfigError / DataError / TextsError: bad settings or unusable corpora.
+        ConfigError, DataError, TextsError: bad settings or unusable corpora.
     """
 
     config = config or SuiteConfig()

@@ -22,7 +22,7 @@ WIDTH_DONE = "width.json"
 
 def _cli(**spec: Any) -> dict[str, Any]:
     """How a field appears as a ``lmgeom suite train`` option (read by
-    :func:`lmgeom.commands.options.add_options`; types by name, see its ``TYPES``)."""
+    ``lmgeom.commands.options.add_options``; types by name, see its ``TYPES``)."""
     return {"cli": spec}
 
 

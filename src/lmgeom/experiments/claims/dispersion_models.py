@@ -10,7 +10,7 @@
   each sampled training chunk at both points (the chunks ``run_knnlm`` measures), paired over
   chunks. Keys: ``log ppl`` of the kNN-LM at λ with attention keys minus with FFN keys, paired
   over the held-out chunks; the per-query ``log p_LM`` it needs comes from one more forward pass
-  over the same held-out chunks (:func:`lmgeom.lm.knnlm.position_states`) and is checked
+  over the same held-out chunks (:func:`lmgeom.lm.knn_states.position_states`) and is checked
   against ``run_knnlm``'s own perplexity at λ.
 * **D4** (:func:`cluster_verdict`): :mod:`lmgeom.experiments.clusters` on the earliest and the
   latest checkpoint of each width of a trained suite (the earliest after step 0 when there are

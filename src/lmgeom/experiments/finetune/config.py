@@ -35,7 +35,7 @@ DEFAULT_TEXTS = ("builtin:wiki",)
 
 def _cli(**spec: Any) -> dict[str, Any]:
     """How a field appears as a ``lmgeom train`` option (read by
-    :func:`lmgeom.commands.options.add_options`; types by name, see its ``TYPES``)."""
+    ``lmgeom.commands.options.add_options``; types by name, see its ``TYPES``)."""
     return {"cli": spec}
 
 

@@ -1,7 +1,7 @@
 """The data of a fine-tuning run (:mod:`lmgeom.experiments.finetune`): each training corpus
 split by text into a training and a held-out part (:meth:`~lmgeom.texts.TextSet.split`), cut
-into fixed-length chunks, and the batch of each step (:class:`~lmgeom.training.schedule.
-BatchSchedule`: ``batch_size / K`` chunks of each of the K domains)."""
+into fixed-length chunks, and the batch of each step (:class:`~lmgeom.training.schedule.BatchSchedule`:
+``batch_size / K`` chunks of each of the K domains)."""
 
 from __future__ import annotations
 

@@ -37,8 +37,8 @@ log = logging.getLogger("lmgeom.experiments.finetune")
 @register
 @dataclass
 class FinetuneConfig(FinetuneSettings):
-    """One fine-tuning run (every field: :class:`~lmgeom.experiments.finetune.config.
-    FinetuneSettings`): a registered experiment, ``run_experiment(config, out)`` or
+    """One fine-tuning run (every field:
+    :class:`~lmgeom.experiments.finetune.config.FinetuneSettings`): a registered experiment, ``run_experiment(config, out)`` or
     :func:`finetune`."""
 
     def run(self, *, work_dir: str | Path | None = None,

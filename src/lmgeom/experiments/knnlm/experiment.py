@@ -18,7 +18,7 @@ Procedure, for one model:
    token-level ``D`` of each chunk's states (the paper's released code). A prepended BOS is
    left out, as in ``lmgeom dispersion``. Points are ranked by dispersion, high first; the
    paper's claim is that the higher-dispersion point gives the better kNN-LM.
-4. **Datastores** (:func:`lmgeom.lm.knnlm.build_datastores`) for the evaluated points — every
+4. **Datastores** (:func:`lmgeom.lm.datastore.build_datastores`) for the evaluated points — every
    candidate, or the ``top`` N by dispersion — from one forward pass over the training chunks.
 5. **Queries** of every evaluated point and ``log p_LM(target)`` from one forward pass over the
    eval chunks; the base perplexity is also computed by

@@ -129,7 +129,7 @@ _STEP = re.compile(r"^step[_-]?(\d+)$")
 def suite_candidates(folder: str | Path) -> list[Candidate]:
     """Checkpoints of a locally trained suite (``lmgeom suite train --out DIR``).
 
-    A folder with ``suite.json`` is read with :func:`lmgeom.training.suite.suite_checkpoints`
+    A folder with ``suite.json`` is read with :func:`lmgeom.training.suite_manifest.suite_checkpoints`
     (widths labelled ``w64`` ..., revisions ``step<N>``). Otherwise reads ``DIR/manifest.json``
     when it lists checkpoints (a list under ``checkpoints``,
     ``models`` or ``runs`` whose entries have a ``path``/``dir``/``folder``, optional ``width``,

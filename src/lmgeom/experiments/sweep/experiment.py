@@ -12,13 +12,16 @@ table and the manifest entries (failed jobs, identical weights, regimes, traject
 
 Extra rows beyond the layer sweep (all model-level, ``layer = ""``):
 
-``readout_k``            the readout dimension k used for that model (``--k auto``: min(100, d // 4))
-``val_loss``             the suite's held-out loss at that checkpoint (suites only)
-``regime_detour``, ``collapse_min_z``, ``collapse_restored_ccr``, ``collapse_zone_layers``
-                         the regime of the CCR-1 profile (:mod:`lmgeom.metrics.regime`)
-``zone_pga_z_min``       lowest z over the model's *tracked layers* (setting ``ccr=m``)
-``zone_<spectral>_mean`` mean of a spectral metric over the tracked layers
-``job_failed``           1 for a job that failed (its error is in the manifest)
+::
+
+    ``readout_k``            the readout dimension k used for that model (``--k auto``: min(100, d // 4))
+    ``val_loss``             the suite's held-out loss at that checkpoint (suites only)
+    ``regime_detour``, ``collapse_min_z``, ``collapse_restored_ccr``, ``collapse_zone_layers``
+                             the regime of the CCR-1 profile (:mod:`lmgeom.metrics.regime`)
+    ``zone_pga_z_min``       lowest z over the model's *tracked layers* (setting ``ccr=m``)
+    ``zone_<spectral>_mean`` mean of a spectral metric over the tracked layers
+    ``job_failed``           1 for a job that failed (its error is in the manifest)
+
 
 Tracked layers of a model (the same for all its checkpoints, so a trajectory compares like with
 like): the collapse-zone layers of its *last* checkpoint when that one is a detour; otherwise
@@ -270,7 +273,7 @@ def low_sample_jobs(results: Sequence[JobResult]) -> dict[str, str]:
 @dataclass
 class SweepResult:
     """The whole sweep: its table, manifest entries (jobs, failures, regimes ...) and the job
-    results; with ``config`` set (:meth:`SweepConfig.run`) also a run-folder result."""
+    results; with ``config`` set (``SweepConfig.run``) also a run-folder result."""
 
     frame: pd.DataFrame
     entries: dict[str, Any]
