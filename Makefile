@@ -72,9 +72,10 @@ demo: setup
 	$(LMGEOM) analyze --out runs/demo --overwrite
 	@echo "lmgeom is installed in $(VENV): run '. $(VENV)/bin/activate' (or use $(LMGEOM)) to put it on your PATH"
 
-# Every test, unit and end to end (what .ci/run calls).
+# Every test, unit and end to end (what .ci/run calls), and every code block of README.md and
+# docs/ (conftest.py: Sybil runs them; the site itself is built with -W by tests/test_docs.py).
 test: setup-dev
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests README.md docs
 
 # The inner loop: unit tests only (arrays and tiny random models, in-process; under 2 minutes).
 # tests/conftest.py marks each test unit or e2e; `pytest -m e2e` runs the rest.

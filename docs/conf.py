@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
-import lmgeom  # noqa: E402
+import lmgeom
 
 project = "lmgeom"
 author = "the lmgeom developers"
@@ -67,14 +67,14 @@ nitpicky = True
 # References into other projects' docs cannot resolve offline (no intersphinx inventories):
 # external names are not checked, every lmgeom name is.
 nitpick_ignore_regex = [
-    (r"py:.*", r"(numpy|np|torch|pandas|pd|pyarrow|pa|transformers|datasets|peft|ray|faiss|"
+    (r"py:.*", (r"(numpy|np|torch|pandas|pd|pyarrow|pa|transformers|datasets|peft|ray|faiss|"
                r"matplotlib|scipy|sklearn|safetensors|tokenizers|huggingface_hub|filelock|"
                r"collections|typing|pathlib|os|argparse|logging|concurrent|dataclasses|"
-               r"contextlib|enum|abc|types|io|numpy\.typing|npt)(\..*)?"),
-    (r"py:class", r"(int|float|str|bool|bytes|dict|list|tuple|set|frozenset|object|type|None|"
+               r"contextlib|enum|abc|types|io|numpy\.typing|npt)(\..*)?")),
+    (r"py:class", (r"(int|float|str|bool|bytes|dict|list|tuple|set|frozenset|object|type|None|"
                   r"Path|Any|Callable|Iterable|Iterator|Sequence|Mapping|Collection|Literal|"
                   r"Optional|Union|ArrayLike|NDArray|Tensor|DataFrame|Generator|Hashable|"
-                  r"TextIO|BinaryIO|PathLike|Self|ndarray|module|Module|optional)"),
+                  r"TextIO|BinaryIO|PathLike|Self|ndarray|module|Module|optional)")),
 ]
 
 html_theme = "pydata_sphinx_theme"

@@ -299,6 +299,8 @@ _E2E_SOURCE = re.compile(
 
 
 def _e2e_reason(item: pytest.Item) -> str | None:
+    if str(getattr(item, "path", "")).endswith(".md"):
+        return "a code block of the documentation (README.md, docs/)"
     module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
     if module in E2E_MODULES:
         return E2E_MODULES[module]

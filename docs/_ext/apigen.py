@@ -14,8 +14,8 @@ import importlib
 import importlib.util
 import inspect
 import logging
-import re
 import pkgutil
+import re
 from pathlib import Path
 
 from sphinx.util.nodes import make_refnode
@@ -282,7 +282,7 @@ def napoleon_for_code_objects(app, what, name, obj, options, lines):
 
 
 def setup(app):
-    import sphinx.ext.napoleon as napoleon
+    from sphinx.ext import napoleon
 
     app.setup_extension("sphinx.ext.napoleon")
     listeners = app.events.listeners.get("autodoc-process-docstring", [])
