@@ -15,11 +15,17 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("LMGEOM_QUIET", "1")
+
+#: the real headless Chromium the browser tests drive (Debian package; ``make browser``)
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-quic", "--no-first-run", "--disable-sync"]
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import CHROME_ARGS, CHROMIUM
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -78,9 +79,6 @@ def test_the_commands_reference_is_the_parser(site):
                 assert opt in text, f"{name} {opt}"
 
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-quic", "--no-first-run", "--disable-sync"]
 
 
 def _serve(folder: Path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html as _html
 import math
-import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 from xml.etree import ElementTree
@@ -15,6 +14,7 @@ import pytest
 from matplotlib.collections import PolyCollection
 from PIL import Image
 
+from conftest import CHROME_ARGS, CHROMIUM
 from lmgeom.errors import ConfigError, DataError
 from lmgeom.metrics.regime import pga_findings
 from lmgeom.report import html as report_html
@@ -479,9 +479,6 @@ def test_user_strings_are_escaped(tmp_path):
 
 # --------------------------------------------------------------------------- a real browser
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-quic", "--no-first-run", "--disable-sync"]
 
 
 @pytest.mark.browser
