@@ -1,10 +1,11 @@
 """Writes the API reference pages (``api/generated/<package>.md``) from the code at build time.
 
 One page per public package: its docstring, then every name in its ``__all__`` (a class with
-its members, a function, a constant), then each public submodule's docstring. The packages
-import their names lazily (``__getattr__``), which autodoc's ``:members:`` cannot see, so the
-names are listed from ``__all__`` explicitly; a name added to ``__all__`` appears on the next
-build, and a name that does not resolve fails the build.
+its members, a function, a constant), then each public submodule's docstring; and one page for
+the top level (``lmgeom.md``), linking each name of ``lmgeom.__all__`` to its package's page.
+The packages import their names lazily (``__getattr__``), which autodoc's ``:members:`` cannot
+see, so the names are listed from ``__all__`` explicitly; a name added to ``__all__`` appears
+on the next build, and a name that does not resolve fails the build.
 """
 
 from __future__ import annotations
@@ -128,9 +129,42 @@ def write_pages(out: Path) -> None:
                     rst.append(f".. currentmodule:: {sub}\n")
                     rst += [_directive(f"{sub}.{n}", getattr(submodule, n)) for n in own]
         text = f"# `{name}`\n\n```{{eval-rst}}\n" + "\n".join(rst) + "```\n"
-        page = out / f"{pkg}.md"
-        if not page.exists() or page.read_text() != text:  # unchanged pages keep their mtime
-            page.write_text(text)
+        _write(out / f"{pkg}.md", text)
+    _write(out / "lmgeom.md", top_level_page())
+
+
+def _write(page: Path, text: str) -> None:
+    if not page.exists() or page.read_text() != text:  # unchanged pages keep their mtime
+        page.write_text(text)
+
+
+def top_level_page() -> str:
+    """The page of ``lmgeom`` itself: each name of ``lmgeom.__all__`` with the package page
+    that documents it (the package whose ``__all__`` lists the same object), so a name added
+    to the top level appears here on the next build. A name no package documents fails it."""
+    import lmgeom
+
+    rows = []
+    for name in lmgeom.__all__:
+        if name == "__version__":
+            continue
+        obj = getattr(lmgeom, name)
+        if inspect.ismodule(obj):
+            role, pkg = "py:mod", obj.__name__.rsplit(".", 1)[1]
+        else:
+            role = "py:class" if inspect.isclass(obj) else "py:func"
+            pkg = next((p for p in PACKAGES if name in _public_names(
+                importlib.import_module(f"lmgeom.{p}"))
+                and getattr(importlib.import_module(f"lmgeom.{p}"), name) is obj), None)
+            if pkg is None:
+                raise RuntimeError(f"lmgeom.{name} is in no documented package's __all__")
+        rows.append(f"| {{{role}}}`lmgeom.{name}` | {{doc}}`{pkg}` |")
+    return ("# `lmgeom`\n\n"
+            "The top-level names, re-exported lazily from their packages (`import lmgeom` does "
+            "not import\ntorch). Each is documented on its package's page:\n\n"
+            "| name | documented at |\n|---|---|\n" + "\n".join(rows) + "\n\n"
+            "```{eval-rst}\n.. py:module:: lmgeom\n\n.. py:data:: __version__\n\n"
+            "   The installed version of lmgeom.\n```\n")
 
 
 def _walk(path: str, attributes_first: bool):
