@@ -23,7 +23,7 @@ PAGES = ("getting-started", "tour", "claims", "python-api", "monitoring", "comma
 
 pytest.importorskip("sphinx", reason="the docs extra is not installed (pip install -e '.[docs]')")
 sys.path.insert(0, str(DOCS / "_ext"))
-from apigen import PACKAGES  # noqa: E402  (the packages the reference documents: one list)
+from apigen import PACKAGES  # the packages the reference documents: one list
 
 
 @pytest.fixture(scope="module")
