@@ -4,6 +4,10 @@ docs/*.md runs, in order, per page (collected by Sybil when pytest is given thos
 ``<!-- skip: next "reason" -->`` (a cluster, a hub download, a 20-minute run, a fragment of the
 reader's own training loop); ``pytest README.md docs -rs`` lists them with their reasons.
 
+Each page runs in a fresh temporary folder (its ``runs/...`` outputs land there; ``.venv`` is
+linked in so ``. .venv/bin/activate`` works), with this interpreter's ``bin/`` first on PATH,
+against the user's own activation cache, as a reader following the page would.
+
 A ```console block is a recorded session, and it runs too: each ``$ command`` (a trailing
 backslash continues it) must exit 0 and print what the block shows under it (stdout and stderr
 as a terminal shows them). A ``...`` line stands for any number of lines; whitespace runs are
@@ -44,13 +48,18 @@ def _teardown(namespace: dict) -> None:
     os.chdir(namespace["_cwd_before"])
 
 
+def _page_env() -> dict[str, str]:
+    """A reader's shell: this interpreter's ``bin/`` first on PATH, lmgeom not silenced."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("LMGEOM_QUIET", None)
+    return env
+
+
 def _run_bash(example) -> str | None:
     """One ```bash block as one ``bash -e`` script; a non-zero exit fails the block with the
     script's output."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("LMGEOM_QUIET", None)
     proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", example.parsed], check=False,
-                          cwd=example.namespace["_folder"], env=env, capture_output=True,
+                          cwd=example.namespace["_folder"], env=_page_env(), capture_output=True,
                           text=True, timeout=BLOCK_TIMEOUT_S)
     if proc.returncode != 0:
         return (f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n"
@@ -103,7 +112,7 @@ class _Checker(doctest.OutputChecker):
     def check_output(self, want: str, got: str, optionflags: int) -> bool:
         return (super().check_output(want, got, optionflags)
                 or matches_recorded(_strip_blank_ends(want.splitlines()),
-                            _strip_blank_ends(got.splitlines())))
+                                    _strip_blank_ends(got.splitlines())))
 
 
 def console_steps(text: str) -> list[tuple[str, list[str]]]:
@@ -131,9 +140,7 @@ def _strip_blank_ends(lines: list[str]) -> list[str]:
 
 
 def _run_console(example) -> str | None:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONUNBUFFERED": "1"}
-    env.pop("LMGEOM_QUIET", None)
+    env = {**_page_env(), "PYTHONUNBUFFERED": "1"}  # stdout and stderr in the order printed
     for command, recorded in console_steps(example.parsed):
         recorded = _strip_blank_ends(recorded)
         if command.strip() == "python":  # an interactive session: a doctest

@@ -55,7 +55,8 @@ def _data_directive(qualified: str, obj: object) -> str:
     return f".. autodata:: {qualified}\n{value}\n"
 
 
-def _public_names(module) -> list[str]:
+def public_names(module) -> list[str]:
+    """What a module documents: its ``__all__``, or without one the public names it defines."""
     names = getattr(module, "__all__", None)
     if names is None:  # a module without __all__: the public names it defines itself
         names = [n for n, o in vars(module).items() if not n.startswith("_")
@@ -103,15 +104,15 @@ def write_pages(out: Path) -> None:
         name = f"lmgeom.{pkg}"
         module = importlib.import_module(name)
         rst = [f".. automodule:: {name}\n   :no-members:\n", f".. currentmodule:: {name}\n"]
-        for attr in _public_names(module):
+        for attr in public_names(module):
             if not inspect.ismodule(getattr(module, attr)):  # a module: its own section below
                 rst.append(_directive(f"{name}.{attr}", getattr(module, attr)))
         subs = _submodules(module)
         if subs:
             title = f"Modules of {name}"
             rst.append(f"{title}\n{'-' * len(title)}\n")
-            shown = {id(getattr(module, a)) for a in _public_names(module)}
-            taken = {n for n in _public_names(module) if not inspect.ismodule(getattr(module, n))}
+            shown = {id(getattr(module, a)) for a in public_names(module)}
+            taken = {n for n in public_names(module) if not inspect.ismodule(getattr(module, n))}
             for sub in subs:
                 submodule = importlib.import_module(sub)
                 # the package's own names are documented above, once; a submodule's section
@@ -153,9 +154,9 @@ def top_level_page() -> str:
             role, pkg = "py:mod", obj.__name__.rsplit(".", 1)[1]
         else:
             role = "py:class" if inspect.isclass(obj) else "py:func"
-            pkg = next((p for p in PACKAGES if name in _public_names(
-                importlib.import_module(f"lmgeom.{p}"))
-                and getattr(importlib.import_module(f"lmgeom.{p}"), name) is obj), None)
+            packages = {p: importlib.import_module(f"lmgeom.{p}") for p in PACKAGES}
+            pkg = next((p for p, m in packages.items()
+                        if name in public_names(m) and getattr(m, name) is obj), None)
             if pkg is None:
                 raise RuntimeError(f"lmgeom.{name} is in no documented package's __all__")
         rows.append(f"| {{{role}}}`lmgeom.{name}` | {{doc}}`{pkg}` |")
