@@ -32,7 +32,7 @@ $(VENV)/.stamp-base: pyproject.toml Makefile
 
 $(VENV)/.stamp-dev: $(VENV)/.stamp-base
 	$(PIP) install -q -e '.[dev,docs,hf,knn,train,ray]'
-	# reptrix (the RankMe / alpha-ReQ peer in tests/test_peers.py) declares torchvision, which
+	# reptrix (the RankMe / alpha-ReQ peer in tests/e2e/test_peers.py) declares torchvision, which
 	# would pull a CUDA torch; it never imports it, so install it without its declared deps
 	$(PIP) install -q --no-deps reptrix==0.1.0
 	$(PIP) install -q --no-deps $(QWEN05_PKGS)
@@ -73,17 +73,23 @@ demo: setup
 	@echo "lmgeom is installed in $(VENV): run '. $(VENV)/bin/activate' (or use $(LMGEOM)) to put it on your PATH"
 
 # Every test, unit and end to end (what .ci/run calls), and every code block of README.md and
-# docs/ (conftest.py: Sybil runs them; the site itself is built with -W by tests/test_docs.py).
+# docs/ (conftest.py: Sybil runs them; the site itself is built with -W by tests/docs/test_docs.py).
+# TEST_WORKERS processes (pytest-xdist), one test file per worker at a time (--dist loadfile: a
+# file's module fixtures are built once and its tests, the fault barriers among them, run in
+# order); each worker's torch gets its share of the cores (tests/conftest.py). TEST_WORKERS=0 runs
+# in this process. The slowest tests and the per-file before/after are in benchmarks/RESULTS.md.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: setup-dev
-	$(PY) -m pytest -q tests README.md docs
+	$(PY) -m pytest -q $(XDIST) tests README.md docs
 
-# The inner loop: unit tests only (arrays and tiny random models, in-process; under 2 minutes).
-# tests/conftest.py marks each test unit or e2e; `pytest -m e2e` runs the rest.
+# The inner loop: tests/unit only (arrays and tiny random models, in-process; about a minute
+# here). The kind of a test is its folder: tests/unit, tests/e2e, tests/docs.
 test-fast: setup-dev
-	$(PY) -m pytest -q -m "not e2e and not slow" tests
+	$(PY) -m pytest -q $(XDIST) tests/unit
 
 # The documentation site, offline: docs/_build/html/index.html. Warnings (a broken link, a
-# missing page, a reference to a name that does not exist) are errors; tests/test_docs.py
+# missing page, a reference to a name that does not exist) are errors; tests/docs/test_docs.py
 # builds it the same way in `make test`.
 $(VENV)/.stamp-docs: $(VENV)/.stamp-base
 	$(PIP) install -q -e '.[docs,hf]'

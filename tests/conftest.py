@@ -4,23 +4,32 @@ Nothing is downloaded: each tiny model gets a small BPE tokenizer trained here o
 sentences, and is saved as an ordinary Hugging Face folder so tests exercise the real
 ``load_model`` path.
 
-Tests by kind (``../shared/STYLE.md``): every test is ``unit`` or ``e2e``, decided here at
-collection (:func:`pytest_collection_modifyitems`), so a new test lands in the right group
-without anyone remembering a marker. ``make test-fast`` runs ``-m "not e2e and not slow"``;
-``make test`` runs both. ``pytest -m e2e --co -q`` lists the end-to-end ones.
+Tests by kind: the folder is the kind. ``tests/unit`` holds tests on arrays and tiny random
+models, in-process, each well under a second (``make test-fast``, the inner loop);
+``tests/e2e`` the real bundled models, real ``lmgeom`` processes (faults, races, Ctrl-C), Ray,
+training and anything measured over 1 s; ``tests/docs`` the site build and the browser; the
+code blocks of README.md and docs/ are ``docs`` too. Helpers and fixtures that a unit file and
+its ``_e2e`` twin share live in ``tests/support/``. :func:`pytest_collection_modifyitems` marks
+each test with its kind, so ``pytest -m e2e`` still selects by kind.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
-import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("LMGEOM_QUIET", "1")
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # n workers share the cores: each torch / BLAS pool (and every lmgeom process a test starts,
+    # which inherits the environment) gets its share, or the pools oversubscribe the machine.
+    # Set before torch is imported, which reads them once.
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, str(_share))
 
 #: the real headless Chromium the browser tests drive (Debian package; ``make browser``)
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
@@ -223,115 +232,32 @@ def smollm():
 
 # --- tests by kind ----------------------------------------------------------------------------
 
-#: whole modules that are end to end: real ``lmgeom`` processes, Ray, the bundled model, or a
-#: forward pass per architecture in every test
-E2E_MODULES = {
-    "test_real_model": "loads the bundled smollm2-135m",
-    "test_claims_e2e": "runs lmgeom claims on the bundled models",
-    "test_claims_dispersion_e2e": "runs the dispersion claims D1-D8 on smollm2-135m",
-    "test_bundled_qwen": "loads the bundled qwen2.5-coder-0.5b (first load converts it, ~60 s)",
-    "test_train_geometry": "trains micro suites and a tiny fine-tune with the geometry monitor",
-    "test_ray": "starts a local Ray instance",
-    "test_ray_cluster": "starts a Ray cluster",
-    "test_faults": "runs real lmgeom processes (Ctrl-C, full disks, races)",
-    "test_reliability": "runs real lmgeom processes (interrupts, concurrent runs)",
-    "test_padding": "every architecture x padding side, real forward passes (~4 min)",
-    "test_peers": "agreement with transformers and reptrix on every family (~3 min)",
-}
-
-#: tests measured over 1 s on a shared 2-core machine (any parametrisation; whole runs of the
-#: CLI, reports, training, every-family forward checks), by module and function name. A new slow
-#: test: add it here (``pytest -m unit --durations=20`` finds it); a renamed one falls back to
-#: the rules below.
-E2E_TESTS: dict[str, tuple[str, ...]] = {
-    "test_bad_input": ("test_empty_corpus", "test_out_of_disk_while_writing_the_cache",
-        "test_output_folder_of_a_different_run", "test_single_class_probe",
-        "test_truncation_is_reported",),
-    "test_cli": ("test_converge_cli_on_two_tiny_architectures",),
-    "test_dispersion_experiments": ("test_attach_adds_a_dispersion_section_to_an_analyze_run",
-        "test_cli_dispersion_end_to_end", "test_cli_hardness_and_clusters",
-        "test_cluster_dispersion_matches_explicit_states",
-        "test_measure_chunks_matches_transformers",),
-    "test_extract": ("test_mean_pooling_definition",
-        "test_tokens_pooling_is_a_seeded_sample_without_position_0",),
-    "test_hostile_inputs": ("test_edited_corpus_recomputes",
-        "test_overwrite_removes_only_the_runs_own_files",
-        "test_rerun_refuses_before_work_when_the_table_was_edited_by_hand",
-        "test_weights_replaced_in_place_recompute",),
-    "test_hostile_stats": ("test_analyze_with_few_texts_skips_probes_and_keeps_the_run",
-        "test_cli_few_null_draws_warned_and_flagged", "test_few_null_draws_warn_and_flag",),
-    "test_knnlm": ("test_cli_knnlm_select_end_to_end",
-        "test_lambda_zero_equals_the_base_perplexity_exactly",
-        "test_pipeline_matches_brute_force_on_a_tiny_model",),
-    "test_losses": ("test_trainer_integration_runs_and_adds_the_term",),
-    "test_metrics_pga_batched": ("test_float32_levels_within_documented_tolerance",),
-    "test_metrics_properties": ("test_pga_invariant_to_scale_and_rotation",),
-    "test_monitor": ("test_rows_are_the_sweep_table_and_its_figures_read_them",
-        "test_trainer_run_logs_to_tensorboard_and_writes_the_parquet",
-        "test_training_is_bit_identical_with_and_without_the_monitor",),
-    "test_models_arch": ("test_padding_never_leaks", "test_residual_points_match_hidden_states",
-        "test_sublayer_points_sum_to_block_update",),
-    "test_per_item": ("test_analyze_log_samples_one_row_per_text",
-        "test_analyze_token_pooling_probes_use_each_rows_text_label",
-        "test_hardness_and_dispersion_log_samples", "test_model_args_reach_the_loader",
-        "test_per_token_nll_streams_and_sums_to_the_text_nll",),
-    "test_perplexity": ("test_cli_ppl_writes_table", "test_forward_cache_resumes_after_a_crash",
-        "test_forward_chunks_reducers_match_hidden_states", "test_matches_transformers_loss",
-        "test_nll_sum_matches_explicit_log_softmax",
-        "test_padding_and_chunking_do_not_change_values", "test_sliding_window_matches_hf_recipe",),
-    "test_regularisers": ("test_training_steps_on_a_tiny_model_move_dispersion",),
-    "test_report": ("test_bad_inputs_raise_typed_errors", "test_dollar_signs_do_not_break_plots",
-        "test_layer_axis_order_and_ticks", "test_null_band_and_ci_bands",
-        "test_panels_per_model_and_log_scale", "test_plots_written_as_valid_png_and_svg",
-        "test_sections_only_when_metrics_exist", "test_two_models_share_tables",
-        "test_unknown_metrics_and_csv_round_trip", "test_write_report_structure",),
-    "test_select": ("test_agreement_within_each_suite_width", "test_cli_select_across_families",
-        "test_cli_select_suite_known_gap_order",),
-    "test_suite": ("test_make_hooks_see_every_step_of_every_width",
-        "test_micro_suite_saves_loadable_checkpoints",
-        "test_resume_after_interruption_is_bit_identical",),
-    "test_sweep": ("test_identical_weights_warned_in_sweep", "test_sweep_rerun_reuses_jobs",
-        "test_sweep_rows_per_width_and_step",),
-    "test_texts": ("test_autofetch_on_load_and_repair", "test_builtin_code_parses",
-        "test_fetch_download_failure",),
-    "test_train": ("test_full_finetune_end_to_end", "test_lora_compare_cross_domain",
-        "test_registered_experiment_matches_the_cli_and_runs_hooks",
-        "test_resume_continues_exactly",),
-}
-
-#: source of a test function that makes it end to end
-_E2E_SOURCE = re.compile(
-    r"\bsubprocess\.|\bPopen\(|sys\.executable|\bray\.init\(|sync_playwright|\bchromium\b")
+#: the kind of a test is the folder it lives in (``tests/unit``, ``tests/e2e``, ``tests/docs``);
+#: a code block of README.md or docs/ is ``docs`` too. No list of names to keep in step.
+KINDS = ("unit", "e2e", "docs")
 
 
-def _e2e_reason(item: pytest.Item) -> str | None:
-    if str(getattr(item, "path", "")).endswith(".md"):
-        return "a code block of the documentation (README.md, docs/)"
-    module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
-    if module in E2E_MODULES:
-        return E2E_MODULES[module]
-    if getattr(item, "originalname", item.name) in E2E_TESTS.get(module, ()):
-        return "measured over 1 s"
-    if "smollm" in getattr(item, "fixturenames", ()):
-        return "uses the bundled smollm2-135m"
-    if item.get_closest_marker("slow") or item.get_closest_marker("browser"):
-        return "marked slow or browser"
-    fn = getattr(item, "function", None)
+def kind_of(path: Path) -> str:
+    """``unit``, ``e2e`` or ``docs``: the folder under ``tests/`` (a ``.md`` page is ``docs``)."""
+    path = Path(path)
+    if path.suffix == ".md":
+        return "docs"
+    here = Path(__file__).resolve().parent
     try:
-        src = inspect.getsource(fn) if fn is not None else ""
-    except (OSError, TypeError):
-        src = ""
-    if _E2E_SOURCE.search(src):
-        return "runs a subprocess, Ray or a browser"
-    return None
+        folder = path.resolve().relative_to(here).parts[0]
+    except ValueError:
+        return "docs"  # a page outside tests/ (README.md, docs/*.md) collected by Sybil
+    if folder not in KINDS:
+        raise pytest.UsageError(f"{path}: a test lives in tests/unit, tests/e2e or tests/docs")
+    return folder
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every test ``e2e`` (real model, real processes, Ray, browser, training, or measured
-    slow) or ``unit`` (arrays and tiny random models, in-process)."""
+    """Mark every test by its folder: ``unit`` (arrays and tiny random models, in-process, fast),
+    ``e2e`` (real bundled models, real processes, Ray, training, or measured over 1 s) or
+    ``docs`` (the site build, the browser, the documentation's code blocks; also ``e2e``)."""
     for item in items:
-        reason = _e2e_reason(item)
-        if reason is None:
-            item.add_marker(pytest.mark.unit)
-        else:
-            item.add_marker(pytest.mark.e2e(reason=reason))
+        kind = kind_of(item.path)
+        item.add_marker(getattr(pytest.mark, kind))
+        if kind == "docs":
+            item.add_marker(pytest.mark.e2e)

@@ -12,7 +12,7 @@ with ``importlib.util.find_spec`` — their Python code is never imported or run
 Each entry also carries what an analysis across models needs to know without loading anything:
 width ``d``, number of blocks, family (the transformers ``model_type``), whether the weights
 are instruction-tuned, the parameter count and the download size (all read from the GGUF
-headers; ``tests/test_bundled_qwen.py`` checks them against the files).
+headers; ``tests/e2e/test_bundled_qwen.py`` checks them against the files).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class BundledModel:
         tied: whether the GGUF's readout ``W_U`` is the token embedding itself. Upstream both
             Qwen2.5-Coder models tie them, but their GGUFs carry a separately quantized copy
             (``output.weight``), so the loaded model has its own ``W_U``, close to the
-            embedding (checked in ``tests/test_bundled_qwen.py``).
+            embedding (checked in ``tests/e2e/test_bundled_qwen.py``).
         gguf_bytes: size of the GGUF (what is downloaded, quantized).
         licence, description: for ``lmgeom models``.
         parts: the chunk packages, in concatenation order (empty: the GGUF is in ``package``).

@@ -96,7 +96,7 @@ ARCHS: dict[str, ArchSpec] = {
     ),
 }
 
-#: Families each tested on a tiny random model (tests/test_models_arch.py).
+#: Families each tested on a tiny random model (tests/unit/test_models_arch.py).
 TESTED_FAMILIES = tuple(sorted(ARCHS))
 
 _GENERIC_BLOCKS = ("layers", "h", "blocks", "decoder.layers")

@@ -8,7 +8,7 @@ that measures at chosen steps and keeps ``geometry.parquet`` in the run's folder
 * **Resume**: the file is rewritten atomically after each measurement, and a resumed run reads it
   back and skips steps already measured, so an interrupted run ends with the same table (the
   monitor restores the model's modes and random generators, so training itself is unchanged:
-  tests/test_train_geometry.py).
+  tests/e2e/test_train_geometry.py).
 * **Where**: ``<folder>/geometry.parquet``, lmgeom's tidy table with ``revision = "step<N>"`` and
   ``model`` = the suite's width label or the fine-tuning arm; :func:`combine` gathers several
   into one table (the suite's root ``geometry.parquet``).

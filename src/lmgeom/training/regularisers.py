@@ -44,7 +44,7 @@ the unit states, and the off-diagonal penalty is also lowered by shrinking ``C``
 small step on the states always lowers the penalty but raised ``d`` in only 8 of 120 random
 batches (30 × 6 and 64 × 32, isotropic or with a shared direction), and 8 Adam steps of
 ``L_CE + L_aux`` on a tiny Llama ended ``d`` only +0.01 above ``L_CE`` alone (push-away and both
-InfoNCE: +0.37, hinge: +0.25, squeeze: −0.64; tests/test_regularisers.py). Dividing by
+InfoNCE: +0.37, hinge: +0.25, squeeze: −0.64; tests/e2e/test_regularisers_e2e.py). Dividing by
 ``trace(C)²`` raised ``d`` in 103 of 120 batches but lowered it on the model. It is in the family
 because researchers compare it, not as a way to raise ``d``. The other variants raised ``d`` in
 120 of 120 batches (squeeze: lowered it in 120).

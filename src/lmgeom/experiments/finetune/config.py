@@ -23,7 +23,7 @@ from ...training.loop import Hook
 ARMS = ("none", "push-away", "squeeze")
 #: every regulariser an arm may train with (the names of
 #: :data:`lmgeom.training.regularisers.REGULARISERS`, kept here so importing this module loads
-#: no torch; tests/test_train_geometry.py checks they agree)
+#: no torch; tests/e2e/test_train_geometry.py checks they agree)
 ALL_ARMS = (*ARMS, "infonce-l2", "infonce-cos", "hinge-cos", "covariance")
 METHODS = ("lora", "full")
 DEFAULT_LR = {"lora": 5e-4, "full": 5e-5}
