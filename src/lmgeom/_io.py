@@ -186,8 +186,23 @@ def record_written(path: str | os.PathLike[str]) -> None:
         with os.fdopen(fd, "w") as fh:
             fh.write(data)
         os.replace(tmp, entry)
-    except (OSError, ValueError):
-        logging.getLogger(__name__).debug("could not record %s as written", path, exc_info=True)
+    except (OSError, ValueError) as exc:
+        _say_ledger_unwritable(exc)
+
+
+_ledger_warned: list[bool] = []
+
+
+def _say_ledger_unwritable(exc: BaseException) -> None:
+    """Once per process: the state folder cannot record what lmgeom writes."""
+    if _ledger_warned:
+        return
+    _ledger_warned.append(True)
+    logging.getLogger(__name__).warning(
+        "cannot record the files lmgeom writes in its state folder %s (%s); a run folder's own "
+        "marker still proves them lmgeom's, but other outputs (--out files, datasets) will be "
+        "refused as foreign on a rerun: set LMGEOM_STATE to a writable folder", ledger_root(),
+        getattr(exc, "strerror", None) or exc)
 
 
 def fs_clock_ns(folder: str | os.PathLike[str]) -> int:
@@ -227,7 +242,10 @@ def record_tree(folder: str | os.PathLike[str], *, since_ns: int | None = None) 
 
 def written_by_lmgeom(path: str | os.PathLike[str]) -> bool:
     """Whether lmgeom wrote the file ``path`` and nobody changed it since (always true inside
-    the cache; false for a missing path, a folder or a symlink)."""
+    the cache; false for a missing path, a folder or a symlink). Two proofs count: the record
+    in the state folder (:func:`ledger_root`), and, inside a run folder, the folder's own
+    marker, which lists each file lmgeom wrote there with its size and sha256 (so a run folder
+    that was moved, copied, or used with another ``LMGEOM_STATE`` stays its owner's)."""
     path = Path(path)
     if path.is_symlink() or not path.is_file():
         return False
@@ -236,9 +254,99 @@ def written_by_lmgeom(path: str | os.PathLike[str]) -> bool:
     entry = _ledger_entry(path)
     try:
         rec = json.loads(entry.read_text()) if entry is not None else None
-        return rec is not None and rec.get("id") == _identity(path.stat())
+        if rec is not None and rec.get("id") == _identity(path.stat()):
+            return True
     except (OSError, ValueError):
-        return False
+        pass
+    return vouched_by_marker(path)
+
+
+# ------------------------------------------------------------------ the run folder's marker
+#: the marker a run folder carries (written first, by lmgeom): the run's signature and the
+#: files lmgeom wrote in the folder (relative path -> [size, sha256])
+FOLDER_MARKER = ".lmgeom-run"
+#: how many folders up from a file its run folder's marker is looked for (``.work/a/b``)
+_MARKER_DEPTH = 4
+
+
+def marker_payload(signature: str, files: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+    """The content of a run folder's marker. ``check`` hashes the rest, so an edited marker
+    (or a file that only looks like one) proves nothing."""
+    body = {"lmgeom": "run folder", "signature": signature, "files": dict(files or {})}
+    return {**body, "check": stable_hash(body)}
+
+
+def read_marker(marker: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """A run folder marker's content when it is one lmgeom wrote and nobody changed (its
+    ``check`` matches, or the state folder records it), else ``None``."""
+    marker = Path(marker)
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    try:
+        if marker.stat().st_size > 64 << 20:
+            return None
+        data = json.loads(marker.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("signature"), str):
+        return None
+    body = {k: data.get(k) for k in ("lmgeom", "signature", "files")}
+    if data.get("lmgeom") == "run folder" and data.get("check") == stable_hash(body):
+        return data
+    entry = _ledger_entry(marker)  # an older marker: only the state folder's record proves it
+    try:
+        rec = json.loads(entry.read_text()) if entry is not None else None
+        if rec is not None and rec.get("id") == _identity(marker.stat()):
+            return data
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def vouched_by_marker(path: str | os.PathLike[str]) -> bool:
+    """Whether a run folder above ``path`` lists it, unchanged, in its marker."""
+    path = Path(os.path.abspath(path))
+    for folder in list(path.parents)[:_MARKER_DEPTH]:
+        data = read_marker(folder / FOLDER_MARKER)
+        if data is None:
+            continue
+        files = data.get("files") or {}
+        entry = files.get(path.relative_to(folder).as_posix()) if isinstance(files, dict) else None
+        try:
+            return (isinstance(entry, list) and len(entry) == 2
+                    and entry[0] == path.stat().st_size and entry[1] == sha256_file(path))
+        except OSError:
+            return False
+    return False
+
+
+def record_in_marker(folder: str | os.PathLike[str], *, since_ns: int | None = None) -> None:
+    """Add to the run folder's marker every file under ``folder`` written since ``since_ns``
+    (a :func:`fs_clock_ns`; ``None``: every file the state folder records as lmgeom's), with
+    its size and sha256. Called when a run ends (also on Ctrl-C), with its lock held."""
+    folder = Path(folder)
+    marker = folder / FOLDER_MARKER
+    data = read_marker(marker)
+    if data is None:
+        return
+    files = dict(data.get("files") or {})
+    for p in folder.rglob("*"):
+        if p == marker or p.is_symlink() or not p.is_file() or p.name.endswith(".tmp"):
+            continue
+        rel = p.relative_to(folder).as_posix()
+        try:
+            st = p.stat()
+            if since_ns is not None:
+                if max(st.st_mtime_ns, st.st_ctime_ns) < since_ns and rel not in files:
+                    continue
+            elif not written_by_lmgeom(p):
+                continue
+            files[rel] = [st.st_size, sha256_file(p)]
+        except OSError:
+            continue
+    files = {rel: v for rel, v in files.items() if (folder / rel).is_file()}
+    if files != data.get("files"):
+        write_json(marker, marker_payload(data["signature"], files))
 
 
 def check_replaceable(target: str | os.PathLike[str], *, replace_foreign: bool = False,

@@ -64,10 +64,19 @@ class Encoded:
         return length_batches(self.lengths, batch_size)
 
 
-def encode_texts(model, texts: Sequence[str], max_length: int) -> Encoded:
-    """Tokenize ``texts`` (with the model's special tokens), truncating to ``max_length``."""
+def encode_texts(model, texts: Sequence[str], max_length: int, *,
+                 cap_to_context: bool = True) -> Encoded:
+    """Tokenize ``texts`` (with the model's special tokens), truncating to ``max_length`` and,
+    unless ``cap_to_context=False``, to the model's context (its config's
+    ``max_position_embeddings``): positions past it were never trained, so a longer row is cut
+    there, with a warning, as ``ppl`` does."""
     if max_length < 2:
         raise ConfigError(f"max_length must be at least 2 tokens, got {max_length}")
+    ctx = getattr(model, "context_length", None) if cap_to_context else None
+    if isinstance(ctx, int) and max_length > ctx:
+        log.warning("max_length %d exceeds the context of %s (%d tokens): texts are cut at %d",
+                    max_length, getattr(model, "name", "the model"), ctx, ctx)
+        max_length = ctx
     tok = model.tokenizer
     enc = tok(list(texts), add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
     ids, n_trunc = [], 0
@@ -233,7 +242,7 @@ def plan_extraction(model, ts, *, layers="all", pooling: str = "last", max_lengt
     settings = {
         "version": EXTRACT_VERSION,
         "pooling": pooling,
-        "max_length": max_length,
+        "max_length": enc.max_length,
         "batch_size": batch_size,
         "dtype": dtype,
         "layers": list(points),

@@ -27,8 +27,10 @@ and scoring uses :attr:`Batch.valid`.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +38,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from .._io import stable_hash
 from ..errors import ConfigError, DataError
 
 PADDING_SIDES = ("right", "left")
@@ -68,10 +71,44 @@ def check_finite(label: str, arr: np.ndarray, dtype: str) -> None:
                         f"states{hint}")
 
 
+#: config fields that name where or with what a model was saved, not what it computes
+_CONFIG_VOLATILE = frozenset({"_name_or_path", "_commit_hash", "transformers_version",
+                              "name_or_path"})
+
+
+def config_fingerprint(model) -> str:
+    """Hash of the model's config as loaded (layers, widths, norms, rope, special token ids,
+    ...): two folders with the same weights and different ``config.json`` compute different
+    states, so they must never share a cache entry. Paths and the saving library's version are
+    left out."""
+    config = getattr(getattr(model, "hf_model", None), "config", None)
+    if config is None:
+        return ""
+    d = {k: v for k, v in config.to_dict().items() if k not in _CONFIG_VOLATILE}
+    return stable_hash(d)[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def code_versions() -> dict[str, str]:
+    """The versions of the code that computes a cached result: lmgeom, transformers, torch. An
+    upgrade of any of them recomputes instead of reusing numbers an older code produced."""
+    out = {}
+    for pkg in ("lmgeom", "transformers", "torch"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:  # pragma: no cover - a source checkout without metadata
+            out[pkg] = "unknown"
+    return out
+
+
 def model_identity(model) -> dict[str, Any]:
-    """What identifies a model's weights in a cache key (its identity without name/path)."""
+    """What identifies a model's computation in a cache key: its identity without name/path
+    (weights hash, resolved revision, tokenizer), the content of its config, and the versions
+    of the code that runs it."""
     ident = {k: v for k, v in model.identity.items() if k not in ("name", "path")}
     ident["model_type"] = model.model_type
+    ident["config_sha256"] = config_fingerprint(model)
+    ident["code"] = code_versions()
     return ident
 
 

@@ -50,7 +50,7 @@ def extract_tokens(
     points = model.resolve_points(layers)
     enc = encode_texts(model, ts.texts, max_length)
     dtype = dtype_name(model)
-    settings = {"version": EXTRACT_VERSION, "pooling": "none", "max_length": max_length,
+    settings = {"version": EXTRACT_VERSION, "pooling": "none", "max_length": enc.max_length,
                 "batch_size": batch_size, "dtype": dtype, "layers": list(points)}
     key = "tok-" + stable_hash({"model": model_identity(model), "texts": ts.hash, **settings})[:28]
     if not cache:

@@ -237,7 +237,7 @@ def perplexity(
     else:
         if not 1 <= int(stride) < max_length:
             raise ConfigError(f"stride must be in 1..max_length-1 ({max_length - 1}), got {stride}")
-        enc = encode_texts(model, ts.texts, 1 << 62)
+        enc = encode_texts(model, ts.texts, 1 << 62, cap_to_context=False)
         rows, own, sc, beg = [], [], [], []
         for i, ids in enumerate(enc.ids):
             for b, e, s in sliding_windows(len(ids), max_length, int(stride)):

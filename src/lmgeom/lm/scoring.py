@@ -50,12 +50,7 @@ after ``reduce_from``). Returns a torch tensor or numpy array with one entry per
 
 def model_context(model) -> int | None:
     """The model's maximum sequence length from its config (None when it does not say)."""
-    cfg = model.hf_model.config
-    for name in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
-        v = getattr(cfg, name, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
+    return model.context_length
 
 
 def default_position_chunk(vocab_size: int) -> int:

@@ -296,7 +296,7 @@ def _rows_float64(W: Any, r0: int, r1: int) -> np.ndarray:
     return np.asarray(W[r0:r1], dtype=np.float64)
 
 
-def readout_basis(W_U: Any, k: int = 100, *, gain: Any = None,
+def readout_basis(W_U: Any, k: int = 100, *, gain: Any = None, d: int | None = None,
                   label: str | None = None) -> np.ndarray:
     """Top-k right singular vectors of the unembedding (the readout subspace ``V_k``).
 
@@ -305,18 +305,41 @@ def readout_basis(W_U: Any, k: int = 100, *, gain: Any = None,
     Each column's sign is fixed so that its largest-magnitude entry is positive.
 
     Args:
-        W_U: (V, d) unembedding (``lm_head`` weight), numpy or torch of any dtype.
-        k: subspace dimension, 0 < k < d and k <= V.
+        W_U: (V, d) unembedding (``lm_head.weight`` in transformers, nnsight). TransformerLens
+            stores it as ``(d_model, d_vocab)``: pass ``d=`` (the states' width) and either
+            layout is read, or pass ``model.W_U.T``. Numpy or torch of any dtype.
+        k: subspace dimension, 0 < k < d and k <= rank(W_U).
         gain: optional (d,) final-norm gain γ; the basis is then that of ``W_U diag(γ)``
             (METHODS.md ``readout="effective"``).
+        d: the model width, when known: a ``(d, V)`` W_U is then transposed (a view, no copy).
+            Without it, a W_U with fewer rows than columns is refused (a language model's
+            vocabulary is larger than its width), before any work.
         label: prefix for error messages.
 
     Returns:
         (d, k) float64 array with orthonormal columns, ordered by decreasing singular value.
+
+    Raises:
+        DataError: W_U is not 2-D, is in the (d, V) layout without ``d=``, is not finite, or
+            has rank below k (the extra columns would be arbitrary directions).
     """
     shape = tuple(W_U.shape) if hasattr(W_U, "shape") else np.shape(W_U)
     if len(shape) != 2:
         raise data_error(f"W_U must be 2-D (vocab, d); got shape {shape}", label)
+    if d is not None:
+        d = check_int(d, name="d", minimum=1, label=label)
+        if shape[1] != d and shape[0] == d:  # TransformerLens's (d_model, d_vocab)
+            W_U = W_U.T
+            shape = (shape[1], shape[0])
+        elif shape[1] != d:
+            raise data_error(f"W_U has shape {shape}, but the width is d={d}: neither axis "
+                             "matches; pass this model's unembedding", label)
+    elif shape[0] < shape[1]:
+        raise data_error(
+            f"W_U has shape {shape}: fewer rows than columns, the (d_model, d_vocab) layout "
+            "(TransformerLens's model.W_U); lmgeom reads (vocab, d) like lm_head.weight. Pass "
+            f"W_U.T, or readout_basis(W_U, k, d={shape[0]}) to say which axis is the width",
+            label)
     if not (is_torch(W_U) or isinstance(W_U, np.ndarray)):
         W_U = to_numpy(W_U, name="W_U", label=label)
     V, d = shape
@@ -357,6 +380,14 @@ def readout_basis(W_U: Any, k: int = 100, *, gain: Any = None,
         lam, Vk = _top_eigh(C, k)
     if lam[0] <= 0:
         raise data_error("W_U is all zeros; cannot build a readout basis", label)
+    # σ_k² / σ_1² below 1e-12 (σ_k / σ_1 < 1e-6) is float64 noise of the Gram matrix: W_U has
+    # rank < k, and the top-k "basis" would end in arbitrary directions
+    rank = int(np.sum(lam > lam[0] * 1e-12))
+    if rank < k:
+        raise data_error(
+            f"W_U has rank {rank} (singular values beyond the {rank}-th are < 1e-6 of the "
+            f"largest), below k={k}: the readout subspace has only {rank} directions; use "
+            f"k <= {rank}", label)
     idx = np.argmax(np.abs(Vk), axis=0)
     signs = np.sign(Vk[idx, np.arange(k)])
     signs[signs == 0] = 1.0

@@ -127,6 +127,17 @@ class LanguageModel:
         return next(self.hf_model.parameters()).dtype
 
     @property
+    def context_length(self) -> int | None:
+        """The longest sequence the model's positions cover, from its config
+        (``max_position_embeddings``, ``n_positions``, ...); None when the config does not say."""
+        cfg = self.hf_model.config
+        for name in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+            v = getattr(cfg, name, None)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+        return None
+
+    @property
     def layer_labels(self) -> tuple[str, ...]:
         """``("0", "1", ..., "L", "final")``: embeddings, residual after each block, post-norm."""
         return tuple(str(i) for i in range(self.n_blocks + 1)) + ("final",)
@@ -167,10 +178,21 @@ class LanguageModel:
         comma-separated lists, ranges ``"3-7"`` and points ``"12.attn_out"`` / ``"last.ffn_out"``.
         """
         L = self.n_blocks
+        if isinstance(spec, bool) or not isinstance(spec, (int, str, Sequence)) and not hasattr(
+                spec, "__iter__"):
+            raise ConfigError(f"layers must be a label, an int or a list of them (e.g. 'all', "
+                              f"12, [0, 6, 'final']); got {type(spec).__name__} {spec!r}")
         if isinstance(spec, (int, str)):
             items: list[str | int] = [spec]
         else:
             items = list(spec)
+        for item in items:
+            if isinstance(item, bool) or not isinstance(item, (int, str)):
+                if hasattr(item, "__index__"):  # numpy integers
+                    continue
+                raise ConfigError(f"layers: each entry is a label or an int (e.g. 12, 'final', "
+                                  f"'3-7'); got {type(item).__name__} {item!r}")
+        items = [int(i) if not isinstance(i, (int, str)) else i for i in items]
         out: list[str] = []
         for item in items:
             if isinstance(item, str) and "," in item:

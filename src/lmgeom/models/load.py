@@ -76,7 +76,8 @@ def load_model(
             ``cuda`` on a CPU-only torch build, ``cuda:7`` beyond the GPUs present).
     """
     if isinstance(spec, LanguageModel):
-        return spec
+        return _as_requested(spec, dtype=dtype, device=device, revision=revision,
+                             trust_remote_code=trust_remote_code, device_map=device_map)
 
     torch_dtype = resolve_dtype(dtype)
     device = check_device(device)
@@ -115,6 +116,27 @@ def load_model(
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     identity["tokenizer_sha256"] = _tokenizer_hash(tokenizer)
     return LanguageModel.wrap(hf_model, tokenizer, name=name, identity=identity)
+
+
+def _as_requested(model: LanguageModel, *, dtype: Any, device: str | None,
+                  revision: str | None, trust_remote_code: bool, device_map: Any) -> LanguageModel:
+    """An already loaded model, converted in place to the ``dtype`` / ``device`` asked for
+    (``None``: as it is). Options that only apply while loading are refused, not dropped."""
+    given = [n for n, v in (("revision", revision), ("trust_remote_code", trust_remote_code),
+                            ("device_map", device_map)) if v]
+    if given:
+        raise ConfigError(
+            f"load_model got an already loaded model ({model.name}) and {', '.join(given)}, "
+            "which only apply while loading; load the model again from its name or path")
+    want_dtype = resolve_dtype(dtype) if dtype is not None else None
+    want_device = check_device(device)
+    if want_dtype is not None and want_dtype != model.dtype:
+        log.info("%s: converting the loaded model from %s to %s (in place)", model.name,
+                 str(model.dtype).replace("torch.", ""), str(want_dtype).replace("torch.", ""))
+        model.hf_model.to(dtype=want_dtype)
+    if want_device is not None and torch.device(want_device) != model.device:
+        model.hf_model.to(want_device)
+    return model
 
 
 def _model_source(name: str, path: Path, revision: str | None
@@ -238,9 +260,11 @@ def _from_pretrained(source, *, name, dtype, revision, trust_remote_code, device
             "decoder-only causal LM with W_U (encoders such as BERT, encoder-decoders such as T5 "
             "and multimodal wrappers cannot be analysed)"
         )
+    _check_tokenizer_files(source, name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            source, config=config, dtype=dtype, device_map=device_map, **kwargs
+        model, info = AutoModelForCausalLM.from_pretrained(
+            source, config=config, dtype=dtype, device_map=device_map, output_loading_info=True,
+            **kwargs
         )
     except ValueError as exc:
         if "Unrecognized configuration class" in str(exc) or "does not support" in str(exc):
@@ -258,6 +282,7 @@ def _from_pretrained(source, *, name, dtype, revision, trust_remote_code, device
             f"{_first_line(exc)}); check its config.json — or the weights may be corrupt or "
             "truncated: re-download or re-save them"
         ) from exc
+    _check_coverage(name, info)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except Exception as exc:
@@ -266,6 +291,57 @@ def _from_pretrained(source, *, name, dtype, revision, trust_remote_code, device
         raise ModelError(f"{name} has no tokenizer files (tokenizer.json / tokenizer_config.json); "
                          "save the tokenizer beside the model (tokenizer.save_pretrained)")
     return model, tokenizer
+
+
+#: tensors a checkpoint may carry that the model rebuilds itself (causal masks of old GPT-2
+#: checkpoints, rotary frequencies): unexpected, but they change nothing
+_BENIGN_UNEXPECTED = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
+
+#: the files a tokenizer can be read from (any one of these groups is enough)
+TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"),
+                   ("tokenizer_config.json",))
+
+
+def _check_tokenizer_files(source: Any, name: str) -> None:
+    """A local model folder without tokenizer files is refused before its weights load."""
+    folder = Path(str(source))
+    if not folder.is_dir():
+        return  # a hub id: transformers resolves its files
+    if any(all((folder / f).is_file() for f in group) for group in TOKENIZER_FILES):
+        return
+    raise ModelError(
+        f"{name} has no tokenizer files: {folder} holds none of tokenizer.json, "
+        "tokenizer.model, vocab.json + merges.txt, tokenizer_config.json; save the tokenizer "
+        "beside the model (tokenizer.save_pretrained(folder))")
+
+
+def _names(keys: list[str], limit: int = 6) -> str:
+    keys = sorted(keys)
+    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+def _check_coverage(name: str, info: dict[str, Any]) -> None:
+    """The weights must cover the config exactly: a tensor the config asks for and the files
+    lack would be randomly initialised (transformers only reports it), and a tensor in the
+    files that the config has no place for (more blocks than ``num_hidden_layers``) would be
+    dropped. Either silently changes what is measured, so both are refused, by name."""
+    missing = list(info.get("missing_keys") or [])
+    unexpected = [k for k in info.get("unexpected_keys") or []
+                  if not any(k.endswith(b) for b in _BENIGN_UNEXPECTED)]
+    if not missing and not unexpected:
+        return
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} tensors the config needs are missing from the weights "
+                     f"({_names(missing)}) and would be random")
+    if unexpected:
+        parts.append(f"{len(unexpected)} tensors in the weights have no place in the config "
+                     f"({_names(unexpected)}) and would be dropped")
+    raise ModelError(
+        f"the weights of {name} do not match its config: {'; '.join(parts)}. Check config.json "
+        "(num_hidden_layers, hidden_size, tie_word_embeddings) against the weight files, or "
+        "re-save the model with save_pretrained")
 
 
 def _first_line(exc: BaseException, limit: int = 200) -> str:

@@ -1,7 +1,9 @@
 """Output folders of runs (:class:`RunFolder`): refuse to mix two different runs in one folder.
 
 A run folder holds ``.lmgeom-run`` (written first) with the run's ``signature``: a hash of every
-setting that changes the results. Reusing a folder for the same signature is allowed (a rerun / resume);
+setting that changes the results; when the run ends (also on Ctrl-C) the marker gains the list
+of files the run wrote, with their sizes and sha256, so the folder proves its own ownership
+after a move, a copy or a change of ``LMGEOM_STATE``. Reusing a folder for the same signature is allowed (a rerun / resume);
 a different signature is refused unless ``overwrite=True``, and then only the files lmgeom wrote
 there are removed. A non-empty folder without lmgeom's marker is never used.
 
@@ -13,7 +15,6 @@ Which files "lmgeom wrote" is decided by ``lmgeom._io.written_by_lmgeom``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -26,8 +27,13 @@ import pandas as pd
 from filelock import FileLock, Timeout
 
 from .._io import (
+    FOLDER_MARKER,
     atomic_path,
     check_replaceable,
+    fs_clock_ns,
+    marker_payload,
+    read_marker,
+    record_in_marker,
     remove_tmp_leftovers,
     remove_written,
     stable_hash,
@@ -46,19 +52,14 @@ def run_signature(settings: dict[str, Any]) -> str:
     return stable_hash(settings)[:16]
 
 
-#: the run folder's marker (written first, by lmgeom: ``lmgeom._io.written_by_lmgeom``)
-MARKER = ".lmgeom-run"
+#: the run folder's marker (written first, by lmgeom: ``lmgeom._io.read_marker``)
+MARKER = FOLDER_MARKER
 
 
 def _marker_signature(marker: Path) -> str | None:
     """The signature in ``marker`` when lmgeom wrote it (and nobody changed it), else ``None``."""
-    if not written_by_lmgeom(marker):
-        return None
-    try:
-        sig = json.loads(marker.read_text()).get("signature")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return sig if isinstance(sig, str) else None
+    data = read_marker(marker)
+    return data["signature"] if data is not None else None
 
 
 def is_run_folder(path: str | Path) -> bool:
@@ -107,7 +108,7 @@ def prepare_out_dir(out: str | Path, signature: str, *, overwrite: bool = False,
     out.mkdir(parents=True, exist_ok=True)
     remove_tmp_leftovers(out)  # left by a killed writer of this run; never read
     if _marker_signature(marker) != signature:
-        write_json(marker, {"signature": signature})
+        write_json(marker, marker_payload(signature))
     return out
 
 
@@ -264,6 +265,7 @@ class RunFolder:
         self.signature = signature
         self.manifest: dict[str, Any] = base_manifest(command, settings, signature)
         self._lock: Any = None
+        self._since_ns: int | None = None
         self._t0 = time.perf_counter()
 
     @classmethod
@@ -281,6 +283,7 @@ class RunFolder:
         folder._acquire()
         try:
             prepare_out_dir(out, signature, overwrite=overwrite)
+            folder._since_ns = fs_clock_ns(out)
             names = ["manifest.json", "report.html"]
             if table:
                 names += [f"{table}.parquet", f"{table}.csv"]
@@ -295,7 +298,14 @@ class RunFolder:
         self._lock = acquire_output_lock(self.path)
 
     def close(self) -> None:
+        """List what this run wrote in the folder's marker, then release the folder."""
         if self._lock is not None:
+            if self._since_ns is not None:
+                try:
+                    record_in_marker(self.path, since_ns=self._since_ns)
+                except OSError as exc:  # the outputs stand; only the move-proof record is lost
+                    log.warning("could not list this run's files in %s (%s)",
+                                self.path / MARKER, exc.strerror or exc)
             release_output_lock(self._lock)
             self._lock = None
 

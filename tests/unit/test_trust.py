@@ -1,0 +1,130 @@
+"""Inputs that silently change meaning become keys or refusals (issue 48): a TransformerLens
+``W_U`` layout, k above the readout's rank, an edited ``config.json``, weights that do not cover
+their config, a folder without tokenizer files, texts past the model's context, a loaded model
+asked for another dtype, layers of the wrong type. Each rule has a planted case that must be
+caught and one that must pass."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import lmgeom
+from conftest import CORPUS, build_tiny
+from lmgeom import metrics as M
+from lmgeom.activations.forward import model_identity
+from lmgeom.errors import ConfigError, DataError, ModelError
+
+
+# ------------------------------------------------------------------ readout layout and rank
+def test_transformerlens_layout_is_read_with_d_and_refused_without():
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((300, 20)) * np.geomspace(5, 0.5, 20)  # (V, d): lm_head.weight
+    ref = M.readout_basis(W, 5)
+    np.testing.assert_array_equal(M.readout_basis(W.T, 5, d=20), ref)  # (d, V): TransformerLens
+    np.testing.assert_array_equal(M.readout_basis(W, 5, d=20), ref)
+    np.testing.assert_allclose(M.readout_basis(torch.tensor(W.T), 5, d=20), ref, atol=1e-12)
+    with pytest.raises(DataError, match=r"W_U.T|d=20"):
+        M.readout_basis(W.T, 5)
+    with pytest.raises(DataError, match="neither axis"):
+        M.readout_basis(W, 5, d=7)
+
+
+def test_d_v_layout_is_refused_before_any_work():
+    """A 262k-vocabulary W_U in TransformerLens's layout: refused from its shape alone. The
+    array is a zero-stride view (8 bytes of memory): touching its data would be the bug."""
+    huge = np.lib.stride_tricks.as_strided(np.zeros(1), shape=(640, 262_144), strides=(0, 0))
+    with pytest.raises(DataError, match="d_model, d_vocab"):
+        M.readout_basis(huge, 100)
+
+
+def test_k_above_the_rank_of_w_u_is_refused():
+    rng = np.random.default_rng(1)
+    W = rng.standard_normal((200, 3)) @ rng.standard_normal((3, 16))  # rank 3
+    with pytest.raises(DataError, match="rank 3"):
+        M.readout_basis(W, 5)
+    assert M.readout_basis(W, 3).shape == (16, 3)  # k = rank is a real subspace
+
+
+# ------------------------------------------------------------------ model folders
+def _copy(src, dst, **config_changes):
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(config_changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_edited_config_gives_another_cache_key(tiny_dir, tmp_path):
+    """Same weights, another config.json: another key (the states differ), never a reuse."""
+    src = tiny_dir("llama")
+    a = lmgeom.load_model(str(_copy(src, tmp_path / "a")))
+    b = lmgeom.load_model(str(_copy(src, tmp_path / "b", rms_norm_eps=0.5)))
+    assert a.identity["weights_sha256"] == b.identity["weights_sha256"]
+    assert model_identity(a) != model_identity(b)
+    ka = lmgeom.extract(a, CORPUS[:4], layers=[2], cache_root=tmp_path / "c")
+    kb = lmgeom.extract(b, CORPUS[:4], layers=[2], cache_root=tmp_path / "c")
+    assert kb.timings["batches_computed"] > 0  # not answered from a's cache entry
+    assert not np.allclose(ka.states, kb.states)
+    c = lmgeom.load_model(str(_copy(src, tmp_path / "c2")))  # an identical copy: same key
+    assert model_identity(c) == model_identity(a)
+
+
+@pytest.mark.parametrize(("layers", "what"), [(5, "missing"), (2, "no place")])
+def test_weights_that_do_not_cover_the_config_are_refused(tiny_dir, tmp_path, layers, what):
+    """3 blocks of weights under a config of 5 (2 blocks would be random) or of 2 (one block
+    would be dropped): refused, naming the tensors."""
+    folder = _copy(tiny_dir("llama"), tmp_path / "m", num_hidden_layers=layers)
+    with pytest.raises(ModelError, match=what) as err:
+        lmgeom.load_model(str(folder))
+    assert "model.layers." in str(err.value) and "config.json" in str(err.value)
+
+
+def test_folder_without_tokenizer_files_is_refused_by_name(tiny_dir, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_dir("llama"), folder)
+    for f in folder.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")) or f.name in ("vocab.json",
+                                                                             "merges.txt"):
+            f.unlink()
+    with pytest.raises(ModelError, match=r"no tokenizer files.*tokenizer\.json"):
+        lmgeom.load_model(str(folder))
+
+
+# ------------------------------------------------------------------ context, dtype, layers
+def test_texts_past_the_context_are_cut_there_with_a_warning(tmp_path, caplog):
+    folder = build_tiny(tmp_path / "m", "gpt2")  # n_positions = 128
+    model = lmgeom.load_model(str(folder))
+    assert model.context_length == 128
+    long = " ".join(CORPUS) * 3
+    assert len(model.tokenizer(long)["input_ids"]) > 128
+    with caplog.at_level(logging.WARNING, logger="lmgeom"):
+        over = lmgeom.extract(model, [long, CORPUS[0]], layers=[1], max_length=400, cache=False)
+    assert "exceeds the context" in caplog.text and "cut at 128" in caplog.text
+    at = lmgeom.extract(model, [long, CORPUS[0]], layers=[1], max_length=128, cache=False)
+    np.testing.assert_array_equal(over.states, at.states)
+    assert np.isfinite(over.states).all()
+
+
+def test_loaded_model_is_converted_to_the_dtype_asked_for(tiny_dir):
+    model = lmgeom.load_model(str(tiny_dir("llama")))
+    assert model.dtype == torch.float32
+    same = lmgeom.load_model(model, dtype="bfloat16")
+    assert same is model and model.dtype == torch.bfloat16
+    lmgeom.load_model(model, dtype="float32")
+    assert model.dtype == torch.float32
+    with pytest.raises(ConfigError, match="revision"):
+        lmgeom.load_model(model, revision="step1000")
+
+
+@pytest.mark.parametrize("bad", [0.5, [1, 0.5], {"a": 1}, None, True])
+def test_layers_of_the_wrong_type_raise_a_typed_error(tiny_dir, bad):
+    model = lmgeom.load_model(str(tiny_dir("llama")))
+    with pytest.raises(ConfigError, match="layers"):
+        lmgeom.extract(model, CORPUS[:2], layers=bad, cache=False)
+    assert model.resolve_points([np.int64(1), "final"]) == ("1", "final")
