@@ -258,6 +258,8 @@ def written_by_lmgeom(path: str | os.PathLike[str]) -> bool:
             return True
     except (OSError, ValueError):
         pass
+    if path.name == FOLDER_MARKER:  # a marker proves itself (its check field)
+        return read_marker(path) is not None
     return vouched_by_marker(path)
 
 

@@ -1,0 +1,53 @@
+"""Ownership that survives a move (issue 48): a run folder lmgeom wrote stays resumable and
+overwritable by its owner after ``mv``, a copy, or another ``LMGEOM_STATE``; the folder's marker
+is the proof. A file the user put there is never removed, and a forged marker proves nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from lmgeom.cli import main
+from support.hostile_inputs import ANALYZE, corpus, tiny_path  # noqa: F401 (fixtures)
+
+
+def _run(tiny_path, corpus, out, *extra):
+    return main([*ANALYZE, "--model", tiny_path, "--texts", corpus, "--out", str(out), *extra])
+
+
+@pytest.mark.parametrize("how", ["move", "copy", "state"])
+def test_a_run_folder_stays_its_owners(tiny_path, corpus, tmp_path, monkeypatch, capsys, how):
+    first = tmp_path / "r" / "c85"
+    assert _run(tiny_path, corpus, first) == 0
+    marker = json.loads((first / ".lmgeom-run").read_text())
+    assert {"manifest.json", "layers.parquet", "layers.csv"} <= set(marker["files"])
+    if how == "move":
+        out = first.rename(tmp_path / "r" / "c85moved")
+    elif how == "copy":
+        out = tmp_path / "copied"
+        shutil.copytree(first, out)
+    else:
+        out = first
+    monkeypatch.setenv("LMGEOM_STATE", str(tmp_path / f"other-state-{how}"))  # forgets the ledger
+    capsys.readouterr()
+    assert _run(tiny_path, corpus, out) == 0, capsys.readouterr().err  # same run: resumes
+    (out / "notes.txt").write_text("mine\n")
+    assert _run(tiny_path, corpus, out, "--k", "3", "--overwrite") == 0, capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine\n"  # never lmgeom's to remove
+    assert json.loads((out / "manifest.json").read_text())["settings"]["sweep"]["k"] == 3
+
+
+def test_an_edited_or_forged_marker_proves_nothing(tiny_path, corpus, tmp_path, monkeypatch,
+                                                   capsys):
+    out = tmp_path / "run"
+    assert _run(tiny_path, corpus, out) == 0
+    monkeypatch.setenv("LMGEOM_STATE", str(tmp_path / "other-state"))
+    data = json.loads((out / ".lmgeom-run").read_text())
+    data["files"]["notes.txt"] = data["files"]["layers.csv"]  # claim a file it did not write
+    (out / ".lmgeom-run").write_text(json.dumps(data))
+    capsys.readouterr()
+    assert _run(tiny_path, corpus, out, "--overwrite") == 2
+    assert "holds no lmgeom run" in capsys.readouterr().err
+    assert (out / "layers.csv").is_file()  # nothing removed
