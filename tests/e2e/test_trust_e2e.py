@@ -51,3 +51,17 @@ def test_an_edited_or_forged_marker_proves_nothing(tiny_path, corpus, tmp_path, 
     assert _run(tiny_path, corpus, out, "--overwrite") == 2
     assert "holds no lmgeom run" in capsys.readouterr().err
     assert (out / "layers.csv").is_file()  # nothing removed
+
+
+def test_token_pooling_fits_k_to_the_rows_not_the_texts(tiny_path, corpus, tmp_path):
+    """16 texts pooled by tokens hold a few hundred rows per layer: k is not cut to
+    16 - 10 - 2 = 4 as the texts alone would allow, only to the width (d = 32: k = 31)."""
+    out = tmp_path / "tok"
+    assert main(["analyze", "--model", tiny_path, "--texts", corpus, "--n", "16", "--pooling",
+                 "tokens", "--layers", "2", "--n-null", "20", "--quiet", "--out", str(out)]) == 0
+    info = json.loads((out / "manifest.json").read_text())["models"][0]
+    assert info["k"] == 31
+    last = tmp_path / "last"  # one row per text: the texts are the limit
+    assert main(["analyze", "--model", tiny_path, "--texts", corpus, "--n", "16", "--layers",
+                 "2", "--n-null", "20", "--quiet", "--out", str(last)]) == 0
+    assert json.loads((last / "manifest.json").read_text())["models"][0]["k"] == 4

@@ -63,20 +63,21 @@ def run(args) -> int:
 
 def _run(args) -> int:
     from ..activations import extract
-    from ..experiments.layer_sweep import fit_k, pga_rows
+    from ..experiments.layer_sweep import fit_k, pga_rows, sweep_rows
     from ..metrics.sample_size import warn_low_sample
 
     progress = progress_from_args(args)
     config = layer_config_from_args(args, logit_lens=False)
     texts = load_texts_from_args(args)
-    fit_k(config.k, n=len(texts), ccr=config.ccr)  # a k that cannot fit stops before the model
+    # a k that cannot fit the rows (texts, or sampled tokens) stops before the model loads
+    fit_k(config.k, n=sweep_rows(len(texts), config.pooling), ccr=config.ccr)
     model = load_model_from_args(args)
-    config, note = config.fitted(len(texts), model.width)
-    if note is not None:
-        warn_low_sample(note)
     acts = extract(model, texts, layers=config.layers, pooling=config.pooling,
                    max_length=config.max_length, batch_size=config.batch_size,
                    cache=not args.no_cache, seed=config.seed, progress=progress)
+    config, note = config.fitted(int(acts.states.shape[1]), model.width)
+    if note is not None:
+        warn_low_sample(note)
     rows, tidy = pga_rows(model, acts, config, revision=args.revision or "")
     print(f"Subspace PGA — {model.name}, {len(texts)} texts ({texts.source}), pooling={config.pooling}, "
           f"k={config.k}, n_null={config.n_null}, readout={config.readout}, seed={config.seed}")

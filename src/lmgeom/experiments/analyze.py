@@ -33,6 +33,7 @@ from .layer_sweep import (
     layer_span,
     model_basis,
     run_layer_sweep,
+    sweep_rows,
 )
 from .options import ModelOptions, TextOptions
 from .probes import probe_labels, probe_rows, probe_skip_reason
@@ -190,17 +191,18 @@ def analyze_model(
         t = time.perf_counter()
         model = opts.load(spec)
         timings["load_s"] = time.perf_counter() - t
-        # decided before the forward pass: the width is known now, n was known before
-        cfg, note = replace(config, k=config.k if k is None else k).fitted(len(texts),
-                                                                          model.width)
-        if note is not None:
-            warn_low_sample(f"{label or model.name}: {note}")
-        kk = cfg.k
+        cfg = replace(config, k=config.k if k is None else k)
         t = time.perf_counter()
         acts = extract(model, texts, layers=cfg.layers, pooling=cfg.pooling,
                        max_length=cfg.max_length, batch_size=cfg.batch_size, cache=cache,
                        seed=cfg.seed, progress=progress)
         timings["extract_s"] = time.perf_counter() - t
+        # k is fitted to the rows a layer holds (one per text, or the sampled tokens) and the
+        # width; k does not change the forward pass, so this can wait for the exact row count
+        cfg, note = cfg.fitted(int(acts.states.shape[1]), model.width)
+        if note is not None:
+            warn_low_sample(f"{label or model.name}: {note}")
+        kk = cfg.k
         kw = dict(probes=probes, folds=folds, revision=revision, name=label or model.name,
                   work_dir=work_dir, progress=progress)
         frames, tm, skipped = _sweep(model, acts, texts, cfg, **kw)
@@ -278,7 +280,8 @@ class AnalyzeConfig:
                               "not pooling tokens")
         object.__setattr__(self, "models", tuple(self.models))
         if self.texts.n is not None:  # at most n texts: a k that cannot fit them stops here
-            fit_k(self.layers.k, n=self.texts.n, ccr=self.layers.ccr)
+            fit_k(self.layers.k, n=sweep_rows(self.texts.n, self.layers.pooling),
+                  ccr=self.layers.ccr)
 
     def settings(self) -> dict[str, Any]:
         return {"probes": self.probes, "folds": self.folds, "models": list(self.models),
@@ -294,7 +297,7 @@ class AnalyzeConfig:
         texts = self.texts.load()
         timings["texts_s"] = time.perf_counter() - t
         # k against n before any model loads: an explicit k that cannot fit stops here
-        fit_k(self.layers.k, n=len(texts), ccr=self.layers.ccr)
+        fit_k(self.layers.k, n=sweep_rows(len(texts), self.layers.pooling), ccr=self.layers.ccr)
         probes = texts.labels is not None and self.probes
         local = self.engine.engine == "local"
         # in this process a failure is raised as it is, at once (no retries)

@@ -49,8 +49,21 @@ def max_k(n: int, ccr: Sequence[int]) -> int:
     """The largest readout dimension whose z is meaningful on ``n`` texts with CCR levels
     ``ccr``: after centring and CCR-m the states have rank at most ``n - 1 - m``, and z needs
     k below that rank (:mod:`lmgeom.metrics.sample_size`, flag ``k_rank``), so
-    ``n - max(ccr) - 2``."""
+    ``n - max(ccr) - 2``. ``n`` counts rows (:func:`sweep_rows`)."""
     return int(n) - max(ccr) - 2
+
+
+#: rows of one layer under ``pooling="tokens"`` (extract's ``n_tokens``): a sample of token
+#: positions, not one row per text
+TOKEN_ROWS = 2048
+
+
+def sweep_rows(n_texts: int, pooling: str) -> int:
+    """How many rows (states) a layer holds for ``n_texts`` texts, as far as is known before
+    the forward pass: one per text (``last`` / ``mean``), or up to :data:`TOKEN_ROWS` sampled
+    token positions (``tokens``; the exact count, never more, is known after extraction). The k
+    fit counts rows, not texts: 16 texts pooled by tokens give ~2,000 rows."""
+    return TOKEN_ROWS if pooling == "tokens" else int(n_texts)
 
 
 def fit_k(k: int | str | None, *, n: int, ccr: Sequence[int], d: int | None = None
