@@ -18,6 +18,7 @@ from lmgeom.metrics.claims import (
     NOT_TESTABLE,
     SUPPORTED,
     ModelInfo,
+    verdict_from_interval,
 )
 from lmgeom.results import table
 
@@ -224,7 +225,13 @@ def test_combinators_and_bootstrap():
     a = P.bootstrap_ci(x, np.mean, seed=5)
     assert a == P.bootstrap_ci(x, np.mean, seed=5)  # seeded: reproducible
     assert a[0] < x.mean() < a[1]
-    assert P.bootstrap_ci([2.0], np.mean, seed=0) == (2.0, 2.0)
+    # one or two points are no interval: [2.34, 2.34] from one layer decided claims (issue 48)
+    for few in ([2.0], [2.0, 3.0]):
+        lo, hi = P.bootstrap_ci(few, np.mean, seed=0)
+        assert math.isnan(lo) and math.isnan(hi)
+        assert verdict_from_interval(lo, hi, 0.0, ">") == INCONCLUSIVE
+    assert "decides nothing" in P.too_few_points(1) and P.too_few_points(3) == ""
+    assert np.isfinite(P.bootstrap_ci([1.0, 2.0, 4.0], np.mean, seed=0)).all()
     from scipy.stats import spearmanr
 
     u, w = np.random.default_rng(0).random((2, 30))

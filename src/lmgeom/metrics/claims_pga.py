@@ -63,6 +63,7 @@ from .claims_profile import (
     plain_rows,
     power_of,
     spearman,
+    too_few_points,
     z_of,
     z_profile,
 )
@@ -323,9 +324,11 @@ def p3_pc1_leaves_readout(df: pd.DataFrame, infos: Sequence[ModelInfo], *, seed:
             continue
         ratio = np.array([share[lab] / base[lab] for lab in have], dtype=float)
         lo, hi = bootstrap_ci(ratio, np.mean, seed=seed)
+        few = too_few_points(len(have), "zone layers")
         calls.append(Call(m, verdict_from_interval(lo, hi, 1.0, "<"), float(ratio.mean()), lo, hi,
                           f"share/baseline {ratio.mean():.2f} over zone layers "
-                          f"{have[0]}-{have[-1]} ({len(have)} layers)"))
+                          f"{have[0]}-{have[-1]} ({len(have)} layers)"
+                          + (f"; {few}" if few else "")))
     if not calls:
         return not_testable("P3", STATEMENTS["P3"], "no model here has a collapse zone (see P2), "
                             "so there is no zone to look at", models=tuple(infos),
@@ -577,7 +580,9 @@ def p7_convergence(conv: pd.DataFrame | None, infos: Sequence[ModelInfo], *, see
         reason=(f"{len(diff)} matched layer pairs over {n_pairs} model pairs: readout - full "
                 f"{diff.mean():+.3f} [{lo_d:+.3f}, {hi_d:+.3f}] ({v_full}); readout vs random "
                 f"k-frames mean z {z.mean():.2f} [{lo_z:.2f}, {hi_z:.2f}] vs {P7_MIN_Z} "
-                f"({v_null}); {CI_LAYERS} (seed {seed})"),
+                f"({v_null}); {CI_LAYERS} (seed {seed})"
+                + (f"; {too_few_points(len(diff), 'layer pairs')}"
+                   if too_few_points(len(diff)) else "")),
         quantity=q, estimate=float(diff.mean()), ci_low=lo_d, ci_high=hi_d, threshold=0.0,
         direction=">", models=tuple(infos), seed=seed,
         details={"mean_z": float(z.mean()), "z_ci": [lo_z, hi_z], "full_verdict": v_full,

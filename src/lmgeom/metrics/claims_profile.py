@@ -34,6 +34,10 @@ from .regime import CollapseProfile, collapse_profile
 PRIMARY = "ccr=1"
 #: resamples of the bootstrap intervals
 N_BOOT = 2000
+#: the fewest independent points (layers, layer pairs) a bootstrap interval is drawn from: a
+#: resample of one point is that point again ([2.34, 2.34] from one layer), and two points
+#: give three distinct resamples; neither is an interval that can decide a claim
+MIN_INTERVAL_POINTS = 3
 #: the flag code of a z that is not meaningful (:mod:`lmgeom.metrics.sample_size`)
 NOT_MEANINGFUL = "k_rank"
 
@@ -97,13 +101,12 @@ def over_models(verdicts: Sequence[str]) -> str:
 def bootstrap_ci(values: Sequence[float], stat, *, seed: int, n_boot: int = N_BOOT,
                  level: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap CI of ``stat(values[idx])`` over resampled indices (seeded);
-    ``(v, v)`` for one value."""
+    ``(nan, nan)`` from fewer than :data:`MIN_INTERVAL_POINTS` values (an interval from one
+    or two points decides nothing: :func:`verdict_from_interval` then says inconclusive, and
+    the caller says why with :func:`too_few_points`)."""
     x = np.asarray(values, dtype=float)
-    if x.shape[0] == 0:
+    if x.shape[0] < MIN_INTERVAL_POINTS:
         return math.nan, math.nan
-    if x.shape[0] == 1:
-        v = float(stat(x))
-        return v, v
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, x.shape[0], size=(n_boot, x.shape[0]))
     boots = np.array([stat(x[i]) for i in idx], dtype=float)
@@ -112,6 +115,14 @@ def bootstrap_ci(values: Sequence[float], stat, *, seed: int, n_boot: int = N_BO
         return math.nan, math.nan
     a = (1 - level) / 2
     return float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a))
+
+
+def too_few_points(n: int, what: str = "layers") -> str:
+    """Why an interval over ``n`` points is no interval ("" when there are enough)."""
+    if n >= MIN_INTERVAL_POINTS:
+        return ""
+    return (f"an interval from {n} {what} decides nothing (it needs at least "
+            f"{MIN_INTERVAL_POINTS} independent points)")
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -266,6 +277,7 @@ def collapse_of(prof: pd.DataFrame) -> CollapseProfile:
 __all__ = [
     "GROWTH_MIN_LAYERS",
     "GROWTH_MIN_Z",
+    "MIN_INTERVAL_POINTS",
     "NOT_MEANINGFUL",
     "N_BOOT",
     "PRIMARY",
@@ -284,6 +296,7 @@ __all__ = [
     "power_of",
     "spearman",
     "texts_n",
+    "too_few_points",
     "z_of",
     "z_profile",
 ]
