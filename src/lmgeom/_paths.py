@@ -109,6 +109,10 @@ def check_cache_writable(root: str | os.PathLike[str] | None = None) -> Path:
     return root
 
 
+#: the longest file name (one path component) most file systems allow, in bytes
+_NAME_MAX = 255
+
+
 def check_output_location(path: str | os.PathLike[str], *, option: str = "--out") -> Path:
     """Refuse an output path that would put results where they could clobber something else:
     lmgeom's cache (the path is the cache, lies inside it, or contains it), the current
@@ -136,4 +140,38 @@ def check_output_location(path: str | os.PathLike[str], *, option: str = "--out"
                          f"be mixed with cached activations; {fix}")
     if real in cache.parents:
         raise CacheError(f"{option} {path} contains lmgeom's cache ({cache}); {fix}")
+    check_writable_path(p, option=option)
+    return p
+
+
+def check_writable_path(path: str | os.PathLike[str], *, option: str = "--out") -> Path:
+    """Refuse, before any work, a path lmgeom could not create or write, with the true reason:
+    a symlink loop on the way, a name longer than the file system allows, a regular file where
+    a folder must be, or a folder lmgeom may not write in. Returns the path."""
+    p = Path(path).expanduser()
+    for part in p.parts:
+        if len(os.fsencode(part)) > _NAME_MAX:
+            raise CacheError(f"{option}: the name {part[:40]}... is {len(os.fsencode(part))} "
+                             f"bytes, more than the {_NAME_MAX} a file name may have; choose "
+                             f"a shorter name for {option}")
+    try:
+        os.stat(p)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CacheError(f"{option} {path}: a symbolic link on this path points back at "
+                             f"itself (a loop); remove the link or choose another {option}") \
+                from None
+        if exc.errno == errno.ENAMETOOLONG:
+            raise CacheError(f"{option} {path}: the path is longer than the file system "
+                             f"allows; choose a shorter {option}") from None
+    existing = p
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if existing != p and not existing.is_dir():
+        raise CacheError(f"{option} {path}: {existing} is a file, not a folder, so nothing can "
+                         f"be created below it; choose another {option}")
+    folder = existing if existing.is_dir() else existing.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CacheError(f"{option} {path}: lmgeom may not write in {folder} (permission denied "
+                         f"or a read-only file system); choose a writable {option}")
     return p

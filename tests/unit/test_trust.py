@@ -128,3 +128,38 @@ def test_layers_of_the_wrong_type_raise_a_typed_error(tiny_dir, bad):
     with pytest.raises(ConfigError, match="layers"):
         lmgeom.extract(model, CORPUS[:2], layers=bad, cache=False)
     assert model.resolve_points([np.int64(1), "final"]) == ("1", "final")
+
+
+# ------------------------------------------------------------------ paths, before the model
+@pytest.mark.parametrize("case", ["below-a-file", "long-name", "symlink-loop", "unwritable"])
+def test_bad_out_paths_are_refused_before_the_model_loads(tmp_path, monkeypatch, capsys, case):
+    """Each refused in one line naming the true reason, before any model loads (a loader that
+    fails the test if called stands in for the model)."""
+    import os
+
+    from lmgeom.cli import main
+    from support.hostile_inputs import no_model
+
+    no_model(monkeypatch)
+    texts = tmp_path / "t.txt"
+    texts.write_text("\n".join(CORPUS[:8]) + "\n")
+    if case == "below-a-file":
+        (tmp_path / "afile").write_text("x")
+        out, why = tmp_path / "afile" / "run", "is a file, not a folder"
+    elif case == "long-name":
+        out, why = tmp_path / ("r" * 300), "more than the 255"
+    elif case == "symlink-loop":
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+        out, why = tmp_path / "loop" / "run", "loop"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes anywhere: no unwritable folder to plant")
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        out, why = ro / "run", "may not write"
+    code = main(["analyze", "--model", "smollm2-135m", "--texts", str(texts), "--quiet",
+                 "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and why in err and "Traceback" not in err, err
+    assert len([ln for ln in err.splitlines() if ln.strip()]) == 1, err
