@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 from lmgeom.cli import main
@@ -65,3 +66,48 @@ def test_token_pooling_fits_k_to_the_rows_not_the_texts(tiny_path, corpus, tmp_p
     assert main(["analyze", "--model", tiny_path, "--texts", corpus, "--n", "16", "--layers",
                  "2", "--n-null", "20", "--quiet", "--out", str(last)]) == 0
     assert json.loads((last / "manifest.json").read_text())["models"][0]["k"] == 4
+
+
+def test_converge_fits_k_like_every_command_and_marks_flags(tiny_dir, tmp_path, capsys):
+    """converge at n = 16 fits k to the texts (16 - 1 - 2 = 13 with CCR-1) and says so once, in
+    words and in the manifest; an explicit k that cannot fit is refused before any model loads;
+    a z computed under a flag carries the mark and the footer in the printed table."""
+    import pandas as pd
+
+    a, b = str(tiny_dir("llama")), str(tiny_dir("gpt2"))
+    base = ["converge", "--model", a, "--model", b, "--texts", "builtin:news", "--n", "16",
+            "--layers", "1,2", "--n-null", "20", "--no-heatmap"]
+    out = tmp_path / "conv"
+    assert main([*base, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["k"] == 13 and man["k_asked"] is None and "16 texts" in man["k_note"]
+    assert "k=13 (k = 13 instead of 100" in printed
+    df = pd.read_parquet(out / "converge.parquet")
+    assert (df["flag"].fillna("") == "").all() and "LOW SAMPLE" not in printed
+    assert main([*base, "--k", "30", "--out", str(tmp_path / "x")]) == 2
+    assert "--k 30 does not fit 16 texts" in capsys.readouterr().err
+    # too few distinct states for k: flagged, and the flag shows in the table
+    flagged = tmp_path / "flagged"
+    assert main([*base, "--max-length", "2", "--out", str(flagged)]) == 0
+    printed = capsys.readouterr().out
+    fl = pd.read_parquet(flagged / "converge.parquet")
+    assert (fl["flag"].fillna("") != "").any()
+    assert "* " in printed and "LOW SAMPLE in the rows marked" in printed
+
+
+def test_converge_token_pooling_follows_the_seed(tiny_dir, tmp_path):
+    """The extraction options reach every extract call: token pooling with --seed 1 and 2
+    samples different tokens (issue 50: converge was the one call without the seed)."""
+    import pandas as pd
+
+    a, b = str(tiny_dir("llama")), str(tiny_dir("gpt2"))
+    values = []
+    for seed in (1, 2):
+        out = tmp_path / f"s{seed}"
+        assert main(["converge", "--model", a, "--model", b, "--texts", "builtin:news", "--n",
+                     "16", "--pooling", "tokens", "--layers", "2", "--n-null", "20",
+                     "--no-heatmap", "--seed", str(seed), "--quiet", "--out", str(out)]) == 0
+        df = pd.read_parquet(out / "converge.parquet")
+        values.append(df.loc[df.metric == "conv_full", "value"].to_numpy())
+    assert not np.allclose(values[0], values[1])

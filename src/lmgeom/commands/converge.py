@@ -32,7 +32,8 @@ class ConvergeArgs:
     """The convergence options.
 
     Attributes:
-        k: readout subspace dimension (per model).
+        k: readout subspace dimension (per model); default min(100, n - CCR - 2), fitted to
+            the texts like every command's k (an explicit k that does not fit is refused).
         n_null: random-frame draws.
         ccr: CCR level applied to each model's states.
         pairs: 'exact' or an integer number of sampled pairs.
@@ -41,7 +42,7 @@ class ConvergeArgs:
         no_heatmap: skip the all-layer-pairs heatmap.
     """
 
-    k: int = field(default=100, metadata=arg(type=positive_int))
+    k: int | None = field(default=None, metadata=arg(type=positive_int))
     n_null: int = field(default=100, metadata=arg(type=int_range(2)))
     ccr: int = field(default=1, metadata=arg(type=nonneg_int))
     pairs: str = "exact"

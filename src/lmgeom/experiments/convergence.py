@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,16 +23,19 @@ from ..activations.forward import progress_bar
 from ..errors import ConfigError, LmgeomError
 from ..metrics import cross_model_alignment
 from ..metrics.regime import parse_setting
+from ..metrics.sample_size import describe_flag, warn_low_sample
 from ..results import table
-from ..results.console import format_table
+from ..results.console import flag_footer, format_table, mark_flags
 from .base import register
-from .layer_sweep import LayerSweepConfig, model_basis
+from .layer_sweep import LayerSweepConfig, fit_k, model_basis, sweep_rows
 from .options import ModelOptions, TextOptions
 
 
 @dataclass(frozen=True)
 class ConvergeConfig:
-    k: int = 100
+    #: readout dimension: ``None`` = min(100, fitted to the rows), as every command fits it
+    #: (:func:`~.layer_sweep.fit_k`); an explicit k that does not fit is refused
+    k: int | None = None
     n_null: int = 100
     ccr: int = 1
     pairs: int | None = None
@@ -92,7 +95,8 @@ def converge_pair(model_a, acts_a, basis_a, model_b, acts_b, basis_b, config: Co
         try:
             r = cross_model_alignment(acts_a.layer(a), acts_b.layer(b), basis_a, basis_b,
                                       n_null=config.n_null, ccr=config.ccr, pairs=config.pairs,
-                                      seed=config.seed)
+                                      seed=config.seed, label=f"layers {a} ~ {b}",
+                                      names=(model_a.name, model_b.name))
         except LmgeomError as exc:
             raise type(exc)(f"layers {a} ~ {b}: {exc}") from exc
         idx = model_a.point_index(a)
@@ -126,12 +130,20 @@ def converge_pair(model_a, acts_a, basis_a, model_b, acts_b, basis_b, config: Co
 
 
 def summary_rows(df) -> list[dict[str, Any]]:
-    wide = df.pivot_table(index=["model", "layer_index", "layer", "setting"], columns="metric",
-                          values="value", aggfunc="first").reset_index().sort_values(["model", "layer_index"])
-    return [{"model A": r.model, "layer A": r.layer,
+    """One row per matched layer pair, with the ``flag`` column of :func:`mark_flags` when a
+    z rests on too little data."""
+    index = ["model", "layer_index", "layer", "setting"]
+    wide = df.pivot_table(index=index, columns="metric", values="value",
+                          aggfunc="first").reset_index().sort_values(["model", "layer_index"])
+    flags = (df[df["metric"] == "conv_z"].set_index(index)["flag"].fillna("").astype(str)
+             if "flag" in df.columns else None)
+    rows = [{"model A": r.model, "layer A": r.layer,
              "model B": parse_setting(r.setting)["vs"], "layer B": parse_setting(r.setting)["layer_b"],
              "full": r.conv_full, "readout": r.conv_readout, "null mean": r.conv_null_mean,
              "null sd": r.conv_null_std, "z": r.conv_z} for r in wide.itertuples()]
+    marks = [str(flags.get((r.model, r.layer_index, r.layer, r.setting), ""))
+             if flags is not None else "" for r in wide.itertuples()]
+    return mark_flags(rows, marks)
 
 
 @register
@@ -165,6 +177,8 @@ class ConvergeExperiment:
         if len(self.models) < 2:
             raise ConfigError("give at least two models (--model A --model B)")
         object.__setattr__(self, "models", tuple(self.models))
+        if self.texts.n is not None:  # an explicit k that cannot fit the rows stops here
+            fit_k(self.config.k, n=sweep_rows(self.texts.n, self.pooling), ccr=(self.config.ccr,))
 
     def settings(self) -> dict[str, Any]:
         return {"models": list(self.models), "texts": self.texts.spec, "n": self.texts.n,
@@ -175,25 +189,36 @@ class ConvergeExperiment:
             progress: bool | None = None) -> ConvergeResult:
         t0 = time.perf_counter()
         texts = self.texts.load()
-        loaded = []
+        fit_k(self.config.k, n=sweep_rows(len(texts), self.pooling), ccr=(self.config.ccr,))
+        extracted = []
         for spec in self.models:
             m = self.model.load(spec)
             acts = extract(m, texts, layers=self.layers, pooling=self.pooling,
                            max_length=self.max_length, batch_size=self.batch_size,
-                           cache=self.cache, progress=progress)
-            loaded.append((m, acts, model_basis(m, LayerSweepConfig(k=self.config.k))))
+                           cache=self.cache, seed=self.config.seed, progress=progress)
+            extracted.append((m, acts))
+        # one k for every model, fitted to the rows and the narrowest width, said once
+        rows_n = min(int(a.states.shape[1]) for _, a in extracted)
+        k, k_note = fit_k(self.config.k, n=rows_n, ccr=(self.config.ccr,),
+                          d=min(m.width for m, _ in extracted))
+        if k_note is not None:
+            warn_low_sample(f"converge: {k_note}")
+        config = replace(self.config, k=k)
+        loaded = [(m, a, model_basis(m, LayerSweepConfig(k=k))) for m, a in extracted]
         rows: list[dict[str, Any]] = []
         pairs = []
         for (ma, aa, ba), (mb, ab, bb) in itertools.combinations(loaded, 2):
-            r, matrix = converge_pair(ma, aa, ba, mb, ab, bb, self.config, progress=progress)
+            r, matrix = converge_pair(ma, aa, ba, mb, ab, bb, config, progress=progress)
             rows += r
             pairs.append((ma.name, mb.name, list(aa.layers), list(ab.layers), matrix,
                           table.frame(r)))
         entries = {"models": [m.describe() for m, _, _ in loaded], "texts": texts.source,
                    "n_texts": len(texts), "texts_hash": texts.hash,
                    "seeds": {"null_and_pairs": self.config.seed},
+                   "k": k, "k_asked": self.config.k, "k_note": k_note,
                    "timings": {"total_s": time.perf_counter() - t0}}
-        return ConvergeResult(self, table.frame(rows), pairs, entries, texts.source, len(texts))
+        return ConvergeResult(self, table.frame(rows), pairs, entries, texts.source, len(texts),
+                              k, k_note)
 
 
 @dataclass
@@ -206,6 +231,8 @@ class ConvergeResult:
     entries: dict[str, Any]
     source: str
     n_texts: int
+    k: int | None = None
+    k_note: str | None = None
 
     def rows(self):
         return self.frame
@@ -235,6 +262,12 @@ class ConvergeResult:
 
     def summary(self) -> str:
         c = self.config.config
-        return (f"Cross-model convergence on {self.source} ({self.n_texts} texts), k={c.k}, "
-                f"CCR-{c.ccr}, n_null={c.n_null}, seed={c.seed}\n"
-                + format_table(summary_rows(self.frame), floatfmt="{:.3f}"))
+        rows = summary_rows(self.frame)
+        flags = self.frame.loc[self.frame["metric"] == "conv_z", "flag"] \
+            if "flag" in self.frame.columns else []
+        footer = flag_footer(flags, describe_flag, "in the rows marked")
+        return (f"Cross-model convergence on {self.source} ({self.n_texts} texts), "
+                f"k={self.k if self.k is not None else c.k}"
+                + (f" ({self.k_note})" if self.k_note else "")
+                + f", CCR-{c.ccr}, n_null={c.n_null}, seed={c.seed}\n"
+                + format_table(rows, floatfmt="{:.3f}") + (f"\n{footer}" if footer else ""))

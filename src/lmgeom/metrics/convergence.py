@@ -101,6 +101,7 @@ def cross_model_alignment(
     precision: str = "auto",
     label: str | None = None,
     warn: bool = True,
+    names: tuple[str, str] = ("model A", "model B"),
 ) -> AlignmentResult:
     """Spearman agreement of two models' distance structures, full vs readout vs random frames.
 
@@ -117,6 +118,7 @@ def cross_model_alignment(
         seed: seeds the frames and the pair sample.
         device, workers, precision, label, warn: as in :func:`subspace_pga` (the same
             low-sample minimums, :mod:`lmgeom.metrics.sample_size`; k_rank per model).
+        names: what the warnings call the two models (their names, in ``lmgeom converge``).
 
     Returns:
         :class:`AlignmentResult`.
@@ -125,7 +127,7 @@ def cross_model_alignment(
     precision = check_precision(precision, label)
     with blas_threads():  # single-threaded BLAS: parallelism comes from the frame workers
         res = _alignment(X_a, X_b, basis_a, basis_b, n_null, ccr, pairs, seed, device, workers,
-                         precision, label)
+                         precision, label, names)
     if warn:
         warn_messages(res.warnings)
     return res
@@ -133,7 +135,8 @@ def cross_model_alignment(
 
 def _alignment(X_a: Any, X_b: Any, basis_a: Any, basis_b: Any, n_null: int, ccr: int,
                pairs: int | None, seed: int, device: Any, workers: int | None, precision: str,
-               label: str | None) -> AlignmentResult:
+               label: str | None, names: tuple[str, str] = ("model A", "model B")
+               ) -> AlignmentResult:
     preps_a, lv_a = prepare_levels(X_a, (ccr,), name="X_a", label=label)
     preps_b, lv_b = prepare_levels(X_b, (ccr,), name="X_b", label=label)
     pa, pb = preps_a[ccr], preps_b[ccr]
@@ -156,7 +159,7 @@ def _alignment(X_a: Any, X_b: Any, basis_a: Any, basis_b: Any, n_null: int, ccr:
     # shared by both models: rows, null draws, pairs; per model: distinct states, k vs rank
     fl = pga_flags(n=pa.n, n_distinct=pa.n, n_null=n_null, n_pairs=int(plan.n_pairs),
                    exact=plan.exact, k=0, ranks=None, label=label)[None]
-    for name, preps, lv, k in (("model A", preps_a, lv_a, ka), ("model B", preps_b, lv_b, kb)):
+    for name, preps, lv, k in ((names[0], preps_a, lv_a, ka), (names[1], preps_b, lv_b, kb)):
         got = pga_flags(n=pa.n, n_distinct=preps[ccr].n_distinct, n_null=MIN_NULL,
                         n_pairs=int(plan.n_pairs), exact=True, k=k,
                         ranks=level_ranks(preps, lv, (ccr,), k),

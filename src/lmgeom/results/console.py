@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 
@@ -32,3 +32,37 @@ def _numeric(s: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+#: the mark a flagged number carries in every printed table (and the report's tables)
+FLAG_MARK = "*"
+
+
+def mark_flags(rows: Sequence[Mapping[str, Any]], flags: Sequence[str],
+               column: str = "flag") -> list[dict[str, Any]]:
+    """``rows`` with a ``flag`` column (``* code;code`` on a flagged row, ``""`` else), added
+    only when some row is flagged: the one way every command's table marks a number computed
+    under a flag (too few texts, k at or above the rank, ...). :func:`flag_footer` says what
+    the codes mean."""
+    out = [dict(r) for r in rows]
+    if not any(flags):
+        return out
+    for r, f in zip(out, flags):
+        r[column] = f"{FLAG_MARK} {f}" if f else ""
+    return out
+
+
+def flag_footer(flags: Iterable[str], describe: Callable[[str], str],
+                where: str = "") -> str:
+    """The line under a table with flagged rows (``""`` when none): each code and its
+    meaning, and that the marked numbers rest on too little data to read as they are."""
+    codes: dict[str, None] = {}
+    for f in flags:
+        for c in str(f or "").split(";"):
+            if c:
+                codes.setdefault(c, None)
+    if not codes:
+        return ""
+    meaning = "; ".join(f"{c} = {describe(c)}" for c in codes)
+    return (f"{FLAG_MARK} LOW SAMPLE{f' {where}' if where else ''}: {meaning}. The marked "
+            "numbers rest on too little data: read them as indications, not results.")
