@@ -14,7 +14,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from support.dispersion_experiments import SENTENCES, corpus_files, llama, make_corpus, synthetic  # noqa: F401 (fixtures)
+from support.dispersion_experiments import (
+    SENTENCES,
+    corpus_files,  # noqa: F401 (a fixture)
+    llama,  # noqa: F401 (a fixture)
+    make_corpus,
+    synthetic,
+)
 
 import lmgeom
 from lmgeom.cli import main

@@ -18,7 +18,14 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from support.hostile_inputs import ANALYZE, corpus, error_line, make_extract, no_model, tiny_path  # noqa: F401 (fixtures)
+from support.hostile_inputs import (
+    ANALYZE,
+    corpus,  # noqa: F401 (a fixture)
+    error_line,
+    make_extract,
+    no_model,
+    tiny_path,  # noqa: F401 (a fixture)
+)
 
 from conftest import CORPUS, build_tiny
 from lmgeom.cli import main

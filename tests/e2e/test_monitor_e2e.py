@@ -13,7 +13,12 @@ import random
 import numpy as np
 import pytest
 import torch
-from support.monitor import PROBE, Rows, dropout_llama, make_tok
+from support.monitor import (
+    PROBE,
+    Rows,
+    dropout_llama,
+    make_tok,
+)
 
 from lmgeom.monitor import GeometryCallback, GeometryMonitor
 

@@ -23,6 +23,7 @@ from support.report import (
     parse,
     pga_rows,
     positive_curve,
+    table,  # noqa: F401 (a fixture)
 )
 
 from conftest import CHROME_ARGS, CHROMIUM

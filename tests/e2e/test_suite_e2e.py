@@ -9,7 +9,7 @@ import dataclasses
 import json
 
 import torch
-from support.suite import micro_config, micro_suite  # noqa: F401 (fixtures)
+from support.suite import corpus, micro_config, micro_suite  # noqa: F401 (fixtures)
 
 from lmgeom import load_model
 from lmgeom.training.suite import train_suite

@@ -12,7 +12,12 @@ import subprocess
 import sys
 
 import pytest
-from support.texts import builtins, gensim_wheel, one_line, private_cache  # noqa: F401 (fixtures)
+from support.texts import (
+    builtins,  # noqa: F401 (a fixture)
+    gensim_wheel,  # noqa: F401 (a fixture)
+    one_line,
+    private_cache,  # noqa: F401 (a fixture)
+)
 
 from lmgeom.errors import TextsError
 from lmgeom.texts import builtin as B

@@ -11,7 +11,12 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from support.suite import write_corpus
+from support.suite import (
+    corpus,  # noqa: F401 (a fixture)
+    micro_config,  # noqa: F401 (a fixture)
+    micro_suite,  # noqa: F401 (a fixture)
+    write_corpus,
+)
 
 from lmgeom.cli import main
 from lmgeom.errors import ConfigError

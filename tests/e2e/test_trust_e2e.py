@@ -9,9 +9,9 @@ import shutil
 
 import numpy as np
 import pytest
+from support.hostile_inputs import ANALYZE, corpus, tiny_path  # noqa: F401 (fixtures)
 
 from lmgeom.cli import main
-from support.hostile_inputs import ANALYZE, corpus, tiny_path  # noqa: F401 (fixtures)
 
 
 def _run(tiny_path, corpus, out, *extra):

@@ -195,15 +195,14 @@ def _defined_names(src: Path) -> frozenset[str]:
 
 
 #: what makes a module end to end whatever its timings: Ray, a browser, or a bundled model
-E2E_SOURCE = re.compile(r"\bray\.init\(|sync_playwright|\bCHROMIUM\b|\bsmollm\b"
-                        r"|[\"'](smollm2-135m|gemma3-270m|qwen2\.5-coder-[\d.]+b)[\"']")
+E2E_SOURCE = re.compile(r"\bray\.init\(|sync_playwright|\bCHROMIUM\b|\bsmollm\b")
 
 
 def test_tests_live_in_their_kind_folder():
     """The kind of a test is its folder (``tests/conftest.py``): no test module sits at the top
     of ``tests/``, no two share a basename (pytest would refuse to import the second), and no
-    unit module starts Ray or a browser or loads a bundled model (those belong in ``tests/e2e``,
-    out of the inner loop; this module is exempt, it holds the pattern)."""
+    unit module starts Ray or a browser or asks for the bundled model's fixture (those belong in
+    ``tests/e2e``, out of the inner loop; this module is exempt, it holds the pattern)."""
     tests = Path(__file__).resolve().parents[1]
     assert not list(tests.glob("test_*.py")), "move each test module into unit/, e2e/ or docs/"
     names = [p.name for p in tests.glob("*/test_*.py")]

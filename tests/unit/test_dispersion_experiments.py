@@ -9,7 +9,12 @@ import math
 import numpy as np
 import pytest
 import scipy.stats
-from support.dispersion_experiments import corpus_files, llama, make_corpus, synthetic  # noqa: F401 (fixtures)
+from support.dispersion_experiments import (
+    corpus_files,  # noqa: F401 (a fixture)
+    llama,  # noqa: F401 (a fixture)
+    make_corpus,
+    synthetic,
+)
 
 from lmgeom.cli import main
 from lmgeom.errors import ConfigError, DataError, TextsError

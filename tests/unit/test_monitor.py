@@ -8,7 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support.monitor import PROBE, Rows, dropout_llama, make_tok
+from support.monitor import (
+    PROBE,
+    Rows,
+    dropout_llama,
+    make_tok,
+)
 
 from lmgeom.errors import ConfigError
 from lmgeom.monitor import GeometryCallback, GeometryMonitor

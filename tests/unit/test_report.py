@@ -15,6 +15,7 @@ from support.report import (
     parse,
     pga_rows,
     positive_curve,
+    table,  # noqa: F401 (a fixture)
 )
 
 from lmgeom.metrics.regime import pga_findings

@@ -12,7 +12,12 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 import pytest
-from support.texts import builtins, gensim_wheel, one_line, private_cache  # noqa: F401 (fixtures)
+from support.texts import (
+    builtins,  # noqa: F401 (a fixture)
+    gensim_wheel,  # noqa: F401 (a fixture)
+    one_line,
+    private_cache,  # noqa: F401 (a fixture)
+)
 
 from lmgeom.cli import main
 from lmgeom.errors import TextsError

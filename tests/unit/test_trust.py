@@ -137,8 +137,9 @@ def test_bad_out_paths_are_refused_before_the_model_loads(tmp_path, monkeypatch,
     fails the test if called stands in for the model)."""
     import os
 
-    from lmgeom.cli import main
     from support.hostile_inputs import no_model
+
+    from lmgeom.cli import main
 
     no_model(monkeypatch)
     texts = tmp_path / "t.txt"

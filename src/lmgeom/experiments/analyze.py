@@ -220,6 +220,7 @@ def analyze_model(
                                   label=label, progress=progress)
             timings["samples_s"] = time.perf_counter() - t
         info = {**model.describe(), "width": model.width, "n_blocks": model.n_blocks, "k": kk,
+                "k_note": note,
                 "weights_sha256": model.identity.get("weights_sha256"),
                 "commit": model.identity.get("commit"), "model_type": model.model_type,
                 "vocab_size": model.vocab_size, "activations_key": acts.key,

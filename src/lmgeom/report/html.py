@@ -43,6 +43,8 @@ from .._io import write_text
 from .._testing import pause
 from ..errors import ConfigError
 from ..metrics.regime import MIN_RUN, STRONG_NEGATIVE_Z, pga_findings
+from ..metrics.sample_size import describe_flag
+from ..results.console import FLAG_MARK, flag_footer
 from . import plots as P
 from . import reading as R
 
@@ -153,6 +155,9 @@ th, td { border: 1px solid #e3e6ec; padding: 3px 8px; text-align: left; white-sp
 thead th { background: #f1f3f7; position: sticky; top: 0; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.neg { color: #b3261e; }
+td.flagged { background: #fff4ce; }
+abbr.flag { text-decoration: none; font-weight: 600; color: #8a5a00; cursor: help; }
+p.flag-legend { font-size: .9em; color: #8a5a00; }
 tr.collapse td, tr.collapse th { background: #fdecea; }
 tr.final td { border-top: 2px solid #9aa3b2; }
 table.settings td.value { white-space: pre-wrap; overflow-wrap: anywhere; max-width: 720px; }
@@ -309,6 +314,7 @@ def layer_table(
     runs = P.runs_of(rows)
     multi = len(runs) > 1
     highlight = highlight or {}
+    flags_seen: list[str] = []
     cells: dict[tuple[str, str, str, str, str], Any] = {}
     for r in rows.itertuples(index=False):
         key = (r.model, r.revision, r.layer, r.metric, r.setting)
@@ -338,9 +344,19 @@ def layer_table(
                     tds.append('<td class="num"></td>')
                     continue
                 klass = "num neg" if m == "pga_z" and c.value < 0 else "num"
-                tds.append(f'<td class="{klass}">{esc(R.fmt_ci(c.value, c.ci_low, c.ci_high))}</td>')
+                flag = str(getattr(c, "flag", "") or "")
+                text = esc(R.fmt_ci(c.value, c.ci_low, c.ci_high))
+                if flag:
+                    flags_seen.extend(flag.split(";"))
+                    klass += " flagged"
+                    text += (f' <abbr class="flag" title="LOW SAMPLE: {esc(flag)}">'
+                             f"{FLAG_MARK}</abbr>")
+                tds.append(f'<td class="{klass}">{text}</td>')
             out.append(tr + "".join(tds) + "</tr>")
     out.append("</tbody></table></div>")
+    legend = flag_footer(flags_seen, describe_flag, "in the cells marked")
+    if legend:
+        out.append(f'<p class="flag-legend">{esc(legend)}</p>')
     return "\n".join(out)
 
 
@@ -442,11 +458,14 @@ def _default_title(df: pd.DataFrame, manifest: Mapping[str, Any]) -> str:
     return "lmgeom report" + (": " + ", ".join(str(m) for m in models) if models else "")
 
 
-def _reading_section(df: pd.DataFrame, toc: list[tuple[str, str]]) -> list[str]:
-    """The PGA reading (the verdicts of :mod:`lmgeom.metrics.regime`, phrased) and the rule."""
+def _reading_section(df: pd.DataFrame, toc: list[tuple[str, str]],
+                     manifest: Mapping[str, Any] | None = None) -> list[str]:
+    """The PGA reading (the verdicts of :mod:`lmgeom.metrics.regime`, phrased) and the rule;
+    a k lowered to fit the texts is said first (the manifest's ``k_note``)."""
     pga_lines = R.describe_pga(df)
     if not pga_lines:
         return []
+    pga_lines = R.k_notes(manifest or {}) + pga_lines
     toc.append(("section-reading", "Reading"))
     return ['<section id="section-reading"><h2>Reading</h2>' + _reading(pga_lines)
             + "<p class=\"intro\">Collapse-zone rule: a run of at least "
@@ -546,7 +565,7 @@ def write_report(
     if title is None:
         title = _default_title(df, manifest)
     toc: list[tuple[str, str]] = []
-    body = _reading_section(df, toc) + _layer_sections(df, out, toc)
+    body = _reading_section(df, toc, manifest) + _layer_sections(df, out, toc)
     for i, (fig_title, fig_paths, caption) in enumerate(extra_figures):
         key = f"section-extra-{i}"
         toc.append((key, str(fig_title)))

@@ -12,6 +12,8 @@ and the table say the same thing.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,6 +26,7 @@ from ..metrics.regime import (
     natural_key,
     pga_findings,
 )
+from ..metrics.sample_size import describe_flag
 from .plots import (
     SPECTRAL_METRICS,
     check_table,
@@ -219,8 +222,13 @@ def describe_pga(df: pd.DataFrame) -> list[str]:
         Sentences, the first of each model starting with the model's name; ``[]`` when the table
         has no ``pga_z`` rows.
     """
+    df = check_table(df)
     lines: list[str] = []
-    for f in pga_findings(check_table(df)):
+    flagged = _flagged_z(df)
+    if flagged.any():  # a flagged z is never read as a finding, let alone the headline
+        lines += _flagged_lines(df.loc[flagged])
+        df = df.loc[~flagged]
+    for f in pga_findings(df):
         P = setting_label(f.primary) or "the primary setting"
         lines.append(
             f"{run_label(f.model, f.revision)}: highest PGA z = {fmt_num(f.peak_z)} at layer "
@@ -234,6 +242,45 @@ def describe_pga(df: pd.DataFrame) -> list[str]:
         if f.final_z is not None:
             lines.append(_final_line(f, f.final_z, P))
     return lines
+
+def _flagged_z(df: pd.DataFrame) -> pd.Series:
+    """The ``pga_z`` rows computed under a flag (too few texts, k at or above the rank...)."""
+    if "flag" not in df.columns:
+        return pd.Series(False, index=df.index)
+    return (df["metric"] == "pga_z") & (df["flag"].fillna("").astype(str) != "")
+
+
+def _flagged_lines(rows: pd.DataFrame) -> list[str]:
+    """One sentence per model × revision whose z values are flagged: which, where, and that
+    the reading leaves them out."""
+    out = []
+    for (model, revision), g in rows.groupby(["model", "revision"], sort=False):
+        codes = dict.fromkeys(c for f in g["flag"].astype(str) for c in f.split(";") if c)
+        layers = list(dict.fromkeys(g.sort_values("layer_index")["layer"].astype(str)))
+        meaning = "; ".join(f"{c}: {describe_flag(c)}" for c in codes)
+        out.append(f"{run_label(model, revision)}: {len(g)} PGA z values are flagged LOW SAMPLE "
+                   f"({meaning}) at layer(s) {_span(layers)}; they rest on too little data and "
+                   "this reading leaves them out.")
+    return out
+
+
+def _span(labels: list[str]) -> str:
+    return labels[0] if len(labels) == 1 else (
+        ", ".join(labels) if len(labels) <= 6 else f"{labels[0]}-{labels[-1]} ({len(labels)})")
+
+
+def k_notes(manifest: Mapping[str, Any]) -> list[str]:
+    """Sentences for each model whose readout dimension k was lowered to fit the texts (the
+    manifest's ``k_note`` per model, or the run's): said in the Reading, before any z."""
+    out = []
+    models = manifest.get("models")
+    for m in models if isinstance(models, list) else []:
+        if isinstance(m, dict) and m.get("k_note"):
+            out.append(f"{m.get('name', 'model')}: {m['k_note']}.")
+    if manifest.get("k_note"):
+        out.append(f"{manifest['k_note']}.")
+    return out
+
 
 # --------------------------------------------------------------------------- other sections
 
@@ -428,5 +475,6 @@ def describe(df: pd.DataFrame) -> dict[str, list[str]]:
 
 __all__ = [
     "describe", "describe_dispersion", "describe_logit_lens", "describe_pc1", "describe_pga",
+    "k_notes",
     "describe_probes", "describe_spectral", "fmt_ci", "fmt_num", "layers_phrase",
 ]
