@@ -164,3 +164,36 @@ def test_bad_out_paths_are_refused_before_the_model_loads(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert code == 2 and why in err and "Traceback" not in err, err
     assert len([ln for ln in err.splitlines() if ln.strip()]) == 1, err
+
+
+# ------------------------------------------------------------------ one flag, every surface
+def test_a_flagged_z_is_marked_in_the_report_and_never_headlines_the_reading(tmp_path):
+    """The highest z sits at a flagged layer: the Reading does not headline it and says why,
+    the report's table marks the cell and explains the mark; the same table unflagged
+    headlines it (the planted case that must pass)."""
+    import re
+
+    from lmgeom.report.html import write_report
+    from lmgeom.report.reading import describe_pga
+    from lmgeom.results.table import frame
+    from support.report import collapse_curve, pga_rows
+
+    z = collapse_curve()
+    z[0] = 40.0  # the peak, at a layer computed from too few distinct states
+    rows = pga_rows("toy", {1: z})
+    for r in rows:
+        if r["metric"] == "pga_z" and r["layer"] == "0":
+            r["flag"] = "k_rank"
+    df = frame(rows)
+    lines = describe_pga(df)
+    assert "flagged LOW SAMPLE (k_rank" in lines[0] and "leaves them out" in lines[0]
+    assert not any("z = 40.0" in ln for ln in lines)
+    page = write_report(tmp_path / "r", df, {"models": [{"name": "toy", "k_note":
+                                                         "k = 4 instead of 100"}]})
+    html = page.read_text()
+    assert re.search(r'class="num flagged">[^<]*<abbr class="flag"', html)
+    assert "LOW SAMPLE in the cells marked" in html and "k = 4 instead of 100" in html
+    clean = frame([{**r, "flag": ""} for r in rows])
+    assert any("z = 40.0" in ln for ln in describe_pga(clean))
+    assert "flagged" not in write_report(tmp_path / "c", clean, {}).read_text().split(
+        "<style>")[1].split("</style>")[1]
