@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from support.hostile_inputs import ANALYZE, corpus, tiny_path  # noqa: F401 (fixtures)
 
+from conftest import CORPUS
 from lmgeom.cli import main
 
 
@@ -111,3 +112,36 @@ def test_converge_token_pooling_follows_the_seed(tiny_dir, tmp_path):
         df = pd.read_parquet(out / "converge.parquet")
         values.append(df.loc[df.metric == "conv_full", "value"].to_numpy())
     assert not np.allclose(values[0], values[1])
+
+
+# ------------------------------------------------------------------ contradictions, before work
+@pytest.mark.parametrize("case", ["full-merge-lora", "datastore-file", "select-one",
+                                  "attach-other-model"])
+def test_contradictory_options_are_refused_before_any_work(tiny_dir, tmp_path, monkeypatch,
+                                                           capsys, case):
+    from support.hostile_inputs import no_model
+
+    texts = tmp_path / "t.txt"
+    texts.write_text("\n".join(CORPUS) + "\n")
+    model = str(tiny_dir("llama"))
+    if case == "attach-other-model":  # a finished run of another model first
+        run = tmp_path / "run"
+        assert main(["analyze", "--model", str(tiny_dir("gpt2")), "--texts", str(texts),
+                     "--k", "4", "--n-null", "20", "--ccr", "1", "--layers", "1", "--quiet",
+                     "--out", str(run)]) == 0
+        capsys.readouterr()
+    no_model(monkeypatch)
+    (tmp_path / "afile").write_text("x")
+    argv, why = {
+        "full-merge-lora": (["train", "--model", model, "--texts", str(texts), "--full",
+                             "--merge-lora"], "no adapters to merge"),
+        "datastore-file": (["knnlm", "--model", model, "--train-texts", str(texts),
+                            "--datastore-dir", str(tmp_path / "afile")], "is a file"),
+        "select-one": (["select", "--model", model, "--domain", "math"], "got one"),
+        "attach-other-model": (["dispersion", "--model", model, "--texts", str(texts),
+                                "--attach", str(tmp_path / "run")], "mix two models"),
+    }[case]
+    code = main([*argv, "--quiet", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and why in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()

@@ -173,10 +173,11 @@ def test_a_flagged_z_is_marked_in_the_report_and_never_headlines_the_reading(tmp
     headlines it (the planted case that must pass)."""
     import re
 
+    from support.report import collapse_curve, pga_rows
+
     from lmgeom.report.html import write_report
     from lmgeom.report.reading import describe_pga
     from lmgeom.results.table import frame
-    from support.report import collapse_curve, pga_rows
 
     z = collapse_curve()
     z[0] = 40.0  # the peak, at a layer computed from too few distinct states

@@ -95,10 +95,9 @@ def run(args) -> int:
     from ..experiments.base import run_experiment
     from ..experiments.dispersion import DispersionExperiment, attach_to_run, check_attach
 
-    if args.attach:
-        check_attach(args.attach)  # before any work
-
     models = tuple(args.model or [DEFAULT_MODEL])
+    if args.attach:
+        check_attach(args.attach, models)  # before any work
     corpora = tuple(args.texts or ["builtin:wiki"])
     experiment = DispersionExperiment(
         models=models, corpora=corpora, **inputs_from_args(args, corpora[0]),

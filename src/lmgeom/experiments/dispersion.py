@@ -39,6 +39,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -275,9 +276,10 @@ def attach_to_run(run_dir, df, stem: str = "dispersion", *, title: str | None = 
         release_output_lock(key)
 
 
-def check_attach(run_dir) -> Any:
+def check_attach(run_dir, models: Sequence[str] | None = None) -> Any:
     """The run folder ``run_dir`` for ``--attach``: it must be an lmgeom run folder (marker and
-    manifest written by lmgeom), so attaching never writes into a folder of other files."""
+    manifest written by lmgeom), so attaching never writes into a folder of other files; with
+    ``models``, the run must be of those models (one report never mixes two models' rows)."""
     run = Path(run_dir).expanduser()
     if not run.is_dir():
         raise CacheError(f"--attach {run}: no such run folder (run `lmgeom analyze --out {run}` "
@@ -286,6 +288,17 @@ def check_attach(run_dir) -> Any:
         raise CacheError(f"--attach {run}: not a finished lmgeom run folder (no .lmgeom-run marker "
                          "and manifest.json written by lmgeom); give the --out folder of a "
                          "finished `lmgeom analyze` run")
+    if models is not None:
+        try:
+            settings = json.loads((run / "manifest.json").read_text()).get("settings") or {}
+        except (OSError, ValueError):
+            settings = {}
+        theirs = settings.get("models")
+        if isinstance(theirs, list) and theirs and set(models) - set(map(str, theirs)):
+            other = sorted(set(models) - set(map(str, theirs)))
+            raise CacheError(f"--attach {run} is a run of {', '.join(map(str, theirs))}, not of "
+                             f"{', '.join(other)}: its report would mix two models' results; "
+                             "attach to a run of the same model(s), or leave out --attach")
     return run
 
 

@@ -153,6 +153,10 @@ class FinetuneSettings:
         self.arms = tuple(self.arms)
         if not self.texts:
             raise ConfigError("give at least one training corpus (--texts)")
+        if self.method == "full" and self.merge_lora:
+            raise ConfigError("--merge-lora merges LoRA adapters into the model, but --full "
+                              "trains every weight and has no adapters to merge; drop "
+                              "--merge-lora, or train LoRA (leave out --full)")
         if len(set(self.texts)) != len(self.texts):
             raise ConfigError(f"--texts repeats a corpus: {list(self.texts)}")
         if not self.arms or any(a not in ALL_ARMS for a in self.arms) or len(set(self.arms)) != len(self.arms):

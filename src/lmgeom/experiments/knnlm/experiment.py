@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..._paths import check_writable_path
 from ...errors import ConfigError, TextsError
 from ...lm.datastore import IndexSpec, build_datastores
 from ...lm.knn_states import position_states
@@ -419,6 +420,14 @@ class KnnlmExperiment:
     cache: bool = True
     datastore_dir: str | None = None
     threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.datastore_dir is not None:  # refused before the forward passes, not after
+            folder = Path(self.datastore_dir).expanduser()
+            if folder.exists() and not folder.is_dir():
+                raise ConfigError(f"--datastore-dir {self.datastore_dir} is a file, not a "
+                                  "folder; give a folder for the datastores (created if new)")
+            check_writable_path(folder, option="--datastore-dir")
 
     def settings(self) -> dict[str, Any]:
         return {"model": self.spec, "revision": self.model.revision, "dtype": self.model.dtype,

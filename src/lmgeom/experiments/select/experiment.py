@@ -339,6 +339,10 @@ def run_select(candidates: Sequence[Candidate], config: SelectConfig, *, loader=
 
     if not candidates:
         raise ConfigError("no candidates: give --model (repeat for several) or --suite DIR")
+    if len(candidates) < 2:
+        raise ConfigError(f"select ranks candidates against each other, and got one "
+                          f"({candidates[0].spec}): give at least two (--model A --model B, "
+                          "or a --suite with several checkpoints)")
     corpora = load_corpora(config, loader)
     load = model_loader or load_model
     results = []
@@ -473,6 +477,12 @@ class SelectExperiment:
     dtype: str = "float32"
     device: str | None = None
     cache: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.candidates) == 1:  # refused before any model loads
+            raise ConfigError(f"select ranks candidates against each other, and got one "
+                              f"({self.candidates[0].spec}): give at least two (--model A "
+                              "--model B, or a --suite with several checkpoints)")
 
     def settings(self) -> dict[str, Any]:
         return {"candidates": [c.spec for c in self.candidates], "suite": self.suite,
