@@ -145,3 +145,33 @@ def test_contradictory_options_are_refused_before_any_work(tiny_dir, tmp_path, m
     err = capsys.readouterr().err
     assert code == 2 and why in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_dispersion_on_a_small_file_flags_its_correlations_and_says_what_would_do(
+        tiny_dir, tmp_path, capsys):
+    """A small file gives a handful of groups (and maybe chunks): every correlation over fewer
+    than 10 points is flagged in the table and the parquet, and the printed footer says how many chunks
+    it found and which --chunk-len would give enough; a file with enough chunks is not."""
+    import pandas as pd
+
+    small = tmp_path / "small.txt"
+    small.write_text("\n\n".join(" ".join(CORPUS[(i + j) % len(CORPUS)] for j in range(3))
+                                 for i in range(5)) + "\n")
+    out = tmp_path / "d"
+    assert main(["dispersion", "--model", str(tiny_dir("llama")), "--texts", str(small),
+                 "--chunk-len", "32", "--n-boot", "50", "--quiet", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    df = pd.read_parquet(out / "dispersion.parquet")
+    corr = df[df.metric.str.startswith("corr_")]
+    assert ((corr["flag"] == "few_points") == (corr["n"] < 10)).all()
+    assert (corr.setting.str.contains("level=group") & (corr["flag"] == "few_points")).any()
+    assert "* few_points" in printed and "--chunk-len" in printed and "chunks of 32" in printed
+    big = tmp_path / "big.txt"
+    big.write_text("\n".join(CORPUS * 40) + "\n")
+    out2 = tmp_path / "d2"
+    assert main(["dispersion", "--model", str(tiny_dir("llama")), "--texts", str(big),
+                 "--chunk-len", "16", "--group-size", "4", "--n-boot", "50", "--quiet",
+                 "--out", str(out2)]) == 0
+    df2 = pd.read_parquet(out2 / "dispersion.parquet")
+    chunk = df2[df2.metric.str.startswith("corr_") & df2.setting.str.contains("level=chunk")]
+    assert (chunk["flag"].fillna("") == "").all() and chunk["n"].min() >= 10

@@ -51,10 +51,11 @@ from .._io import atomic_path
 from ..errors import CacheError, ConfigError
 from ..lm.scoring import forward_chunks
 from ..metrics.dispersion import group_means, token_dispersion
+from ..metrics.sample_size import MIN_CORR_POINTS, describe_flag, warn_low_sample
 from ..metrics.uncertainty import correlation_interval, mean_interval
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
-from ..results.console import format_table
+from ..results.console import flag_footer, format_table, mark_flags
 from ..results.folder import acquire_output_lock, is_run_folder, release_output_lock
 from ..texts import as_textset
 from ..texts.chunks import BOS_CHOICES, DEFAULT_CHUNK_LEN, Chunks, make_chunks
@@ -217,13 +218,15 @@ def correlation_rows(meas: ChunkMeasurements, config: DispersionConfig, *,
             v, lo, hi = correlation_interval(meas.dispersion[li], meas.perplexity, method,
                                     config.n_boot, seed)
             rows.append(table.row(**at, metric=f"corr_{method}", setting=s_chunk, value=v,
-                                  ci_low=lo, ci_high=hi, seed=seed, n=n))
+                                  ci_low=lo, ci_high=hi, seed=seed, n=n,
+                                  flag="few_points" if n < MIN_CORR_POINTS else ""))
             if n_groups >= 3:
                 v, lo, hi = correlation_interval(gd[li], gp, method, config.n_boot, seed)
             else:
                 v = lo = hi = math.nan
             rows.append(table.row(**at, metric=f"corr_{method}", setting=s_group, value=v,
-                                  ci_low=lo, ci_high=hi, seed=seed, n=n_groups))
+                                  ci_low=lo, ci_high=hi, seed=seed, n=n_groups,
+                                  flag="few_points" if n_groups < MIN_CORR_POINTS else ""))
     # corpus perplexity of the chunks: exp(mean NLL), CI by bootstrap of the mean NLL
     v, lo, hi = mean_interval(meas.mean_nll, config.n_boot, seed)
     rows.append(table.row(**base, metric="perplexity", setting=s_chunk, value=math.exp(v),
@@ -232,11 +235,34 @@ def correlation_rows(meas: ChunkMeasurements, config: DispersionConfig, *,
     rows.append(table.row(**base, metric="n_chunks", setting=s_chunk, value=n,
                           n=meas.chunks.n_available))
     rows.append(table.row(**base, metric="n_groups", setting=s_group, value=n_groups, n=n))
-    if n_groups < 3:
-        log.warning("%s on %s: only %d groups of %d chunks: the group-level correlation needs "
-                    "at least 3 (use more chunks or a smaller --group-size)", meas.model, t,
-                    n_groups, config.group_size)
+    if n < MIN_CORR_POINTS * config.group_size:
+        warn_low_sample(f"{meas.model} on {t}: {chunk_advice(meas.chunks, n, n_groups, config)}")
     return rows
+
+
+def chunk_advice(chunks, n: int, n_groups: int, config: DispersionConfig) -> str:
+    """How many chunks and groups a corpus gave, what the correlations need (the floor
+    :data:`~lmgeom.metrics.sample_size.MIN_CORR_POINTS`), and the ``--chunk-len`` or
+    ``--group-size`` that would give enough from the same tokens."""
+    tokens = int(chunks.n_available) * int(chunks.chunk_len)
+    need = MIN_CORR_POINTS * config.group_size
+    parts = [f"{n} chunks of {chunks.chunk_len} tokens and {n_groups} groups of "
+             f"{config.group_size}; a correlation needs at least {MIN_CORR_POINTS} points"]
+    if n < MIN_CORR_POINTS:
+        parts.append(f"the chunk-level correlation over {n} chunks is flagged")
+    parts.append(f"the group-level one over {n_groups} groups is "
+                 + ("flagged" if n_groups < MIN_CORR_POINTS else "not") +
+                 ("" if n_groups >= 3 else " (and not computed: it needs 3 groups)"))
+    fit = tokens // need
+    if fit >= 8:
+        parts.append(f"--chunk-len {fit} would give {tokens // fit} chunks, enough for "
+                     f"{MIN_CORR_POINTS} groups of {config.group_size}")
+    elif tokens // max(1, config.chunk_len) >= MIN_CORR_POINTS:
+        g = max(2, (tokens // config.chunk_len) // MIN_CORR_POINTS)
+        parts.append(f"--group-size {g} would give {MIN_CORR_POINTS} groups")
+    else:
+        parts.append(f"the corpus has only ~{tokens} tokens: give a larger text")
+    return "; ".join(parts)
 
 
 def config_dict(config: DispersionConfig) -> dict[str, Any]:
@@ -468,7 +494,7 @@ class DispersionResult:
             parts.append(f"\n{m.model} on {m.texts}: {len(m.perplexity)} chunks of "
                          f"{cfg.chunk_len} tokens (of {m.chunks.n_available}), perplexity "
                          f"{ppl.value:.4g}; groups: {ng} of g={cfg.group_size}")
-            out = []
+            out, flags = [], []
             for layer in m.layers:
                 r = sub[sub.layer == layer]
 
@@ -477,13 +503,20 @@ class DispersionResult:
                     return _fmt(*x[["value", "ci_low", "ci_high"]].iloc[0]) if len(x) else ""
 
                 d = r[(r.metric == "dispersion")]
+                flags.append(";".join(dict.fromkeys(
+                    c for f in r.loc[r.metric.str.startswith("corr_"), "flag"].fillna("")
+                    for c in str(f).split(";") if c)))
                 out.append({"layer": layer,
                             "dispersion": float(d.value.iloc[0]) if len(d) else float("nan"),
                             "spearman chunk": get("corr_spearman", s_chunk),
                             "pearson chunk": get("corr_pearson", s_chunk),
                             "spearman group": get("corr_spearman", s_group),
                             "pearson group": get("corr_pearson", s_group)})
-            parts.append(format_table(out, floatfmt="{:.3f}"))
+            parts.append(format_table(mark_flags(out, flags), floatfmt="{:.3f}"))
+            footer = flag_footer(flags, describe_flag, "in the rows marked")
+            if footer:
+                parts.append(footer + " " + chunk_advice(m.chunks, len(m.perplexity), ng, cfg)
+                             + ".")
         return "\n".join(parts)
 
 

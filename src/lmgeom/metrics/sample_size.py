@@ -111,6 +111,14 @@ MIN_PAIRS_HARD = 10
 #: 1000 pairs is flagged (so 990 of 1000 pairs are not). ``pairs="auto"`` samples 250 000.
 MIN_PAIRS = 1000
 
+#: Fewest points (chunks, perplexity groups, texts, checkpoints, layers) for an unflagged
+#: correlation of dispersion with perplexity (or any rank correlation lmgeom reports over
+#: units): the standard error of a Spearman correlation over n points is about
+#: 1 / sqrt(n - 3) (Fieller et al. 1957), 0.38 at n = 10 and 0.58 at n = 6, so below 10 a
+#: correlation of +0.9 cannot be told from +0.3; and a bootstrap interval over 5 points is
+#: drawn from so few distinct resamples that it collapses ([+1.00, +1.00] from 5 groups).
+MIN_CORR_POINTS = 10
+
 #: Flag codes in a fixed order (the order of :func:`join_flags`), with what each means.
 FLAG_CODES: dict[str, str] = {
     "low_n": f"fewer than {MIN_ROWS} rows (texts)",
@@ -118,6 +126,8 @@ FLAG_CODES: dict[str, str] = {
     "low_null": f"fewer than {MIN_NULL} null draws (n_null)",
     "low_pairs": f"fewer than {MIN_PAIRS} sampled pairs",
     "k_rank": "readout dimension k at or above the rank of the (centred / CCR) states",
+    "few_points": f"a correlation over fewer than {MIN_CORR_POINTS} points (chunks, groups, "
+                  "texts or models)",
 }
 
 
