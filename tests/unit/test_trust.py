@@ -198,3 +198,12 @@ def test_a_flagged_z_is_marked_in_the_report_and_never_headlines_the_reading(tmp
     assert any("z = 40.0" in ln for ln in describe_pga(clean))
     assert "flagged" not in write_report(tmp_path / "c", clean, {}).read_text().split(
         "<style>")[1].split("</style>")[1]
+
+
+def test_a_cache_root_that_cannot_be_created_is_a_typed_error(tiny_dir, tmp_path):
+    from lmgeom.errors import CacheError
+
+    (tmp_path / "afile").write_text("x")
+    model = lmgeom.load_model(str(tiny_dir("llama")))
+    with pytest.raises(CacheError, match="cache_root.*is a file"):
+        lmgeom.extract(model, CORPUS[:2], layers=[1], cache_root=tmp_path / "afile" / "c")

@@ -18,7 +18,8 @@ from filelock import FileLock
 from safetensors import safe_open
 
 from .._io import atomic_path, sha256_bytes, write_json
-from .._paths import cache_dir
+from .._paths import cache_dir, check_writable_path
+from ..errors import CacheError
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,17 @@ class ShardCache:
     def __init__(self, key: str, settings: dict[str, Any], enabled: bool, root: Path | None):
         self.enabled = enabled
         self.key = key
-        self.dir = (root or cache_dir("activations", create=enabled)) / key
+        self.dir = (Path(root).expanduser() if root is not None
+                    else cache_dir("activations", create=enabled)) / key
         if enabled:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            if root is not None:
+                check_writable_path(self.dir, option="cache_root")
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CacheError(f"cache_root {root}: cannot create {self.dir} "
+                                 f"({exc.strerror or exc}); give a writable folder, or "
+                                 "cache=False") from exc
             meta = self.dir / "meta.json"
             if not meta.is_file():
                 write_json(meta, settings)
