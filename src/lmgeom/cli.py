@@ -34,6 +34,7 @@ from ._io import written_summary
 from .commands.checks import validate_args
 from .commands.options import HelpFormatter, apply_model_args
 from .errors import LmgeomError, LowSampleWarning
+from .models.bundled import BUNDLED
 
 # Order is the order shown in --help.
 COMMANDS: tuple[str, ...] = (
@@ -98,7 +99,8 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
             "Representation geometry of causal language models, layer by layer: "
             "Subspace PGA (is a layer organised for the readout W_U?) and representation "
             "dispersion (how widely a model spreads its contexts). Runs offline on the bundled "
-            "models (smollm2-135m, gemma3-270m) and corpora (builtin:NAME)."
+            f"models ({', '.join(BUNDLED)}; `lmgeom models`) and corpora (builtin:NAME), and on "
+            "any Hugging Face hub id, local model folder or .gguf file."
         ),
     )
     parser.add_argument("--version", action="version", version=f"lmgeom {__version__}")

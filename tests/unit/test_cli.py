@@ -124,3 +124,21 @@ def test_cli_defaults_are_the_library_defaults(group, config):
            if cli_defaults[n] != getattr(lib, n)}
     assert not bad, f"{group} and {config} disagree: {bad}"
 
+
+
+def test_help_texts_match_the_registries():
+    """``--help`` names every bundled model and every regulariser ``--compare`` takes (issue 49:
+    it named two models and "all three arms"); no help points at a README section that does not
+    exist."""
+    from lmgeom.cli import build_parser
+    from lmgeom.commands.train import COMPARABLE, DESCRIPTION, HELP
+    from lmgeom.experiments.finetune import ALL_ARMS
+    from lmgeom.models.bundled import BUNDLED
+
+    top = build_parser().format_help()
+    assert all(name in " ".join(top.split()) for name in BUNDLED)
+    assert tuple(ALL_ARMS) == COMPARABLE
+    assert "three arms" not in HELP and all(arm in DESCRIPTION for arm in COMPARABLE)
+    import lmgeom.commands.options as options
+
+    assert "README: Running on a cluster" not in open(options.__file__).read()

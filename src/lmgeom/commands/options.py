@@ -408,7 +408,7 @@ def add_run_args(p: argparse.ArgumentParser, *, out: str | None = None):
 def add_engine_args(p, *, extraction: bool = False):
     """The :class:`~lmgeom.engines.base.EngineConfig` group (``--workers`` only with
     ``extraction``)."""
-    return add_options(p, EngineConfig, title="execution (see README: Running on a cluster)",
+    return add_options(p, EngineConfig, title="execution (docs: Running on a cluster, docs/cluster.md)",
                        exclude=() if extraction else ("workers",))
 
 

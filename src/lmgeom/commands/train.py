@@ -27,7 +27,8 @@ NAME = "train"
 COMPARABLE = ("none", "push-away", "squeeze", "infonce-l2", "infonce-cos", "hinge-cos",
               "covariance")
 
-HELP = "fine-tune with the push-away / squeeze dispersion loss (full or LoRA); --compare runs all three arms"
+HELP = ("fine-tune with a dispersion regulariser (push-away, squeeze, InfoNCE, hinge, covariance; "
+        "full or LoRA); --compare trains several arms side by side")
 DESCRIPTION = (
     "Fine-tunes a causal LM on the training split of --texts with L = L_CE + lambda * L_aux, "
     "L_aux = -d (push-away), +d (squeeze) or 0 (none), where d is the dispersion of the batch's "
@@ -37,9 +38,9 @@ DESCRIPTION = (
     "(--lora, the default; rank --lora-r, alpha --lora-alpha, all "
     "linear layers of the blocks). Held-out perplexity and token-level dispersion are measured "
     "before, every --eval-every steps and after, on the held-out split of each --texts corpus "
-    "and on every --eval-texts corpus. --compare trains none / push-away / squeeze with the "
-    "same seed and data order. Writes train.parquet/.csv (tidy: arm x step x eval set x "
-    "metric), manifest.json, arms/<arm>/model (safetensors: model + tokenizer, or the LoRA "
+    "and on every --eval-texts corpus. --compare trains the arms it names (any of "
+    + " / ".join(COMPARABLE) + ") with the same seed and data order. Writes "
+    "train.parquet/.csv (tidy: arm x step x eval set x metric), manifest.json, arms/<arm>/model (safetensors: model + tokenizer, or the LoRA "
     "adapter), per-step logs, plots and report.html. Checkpoints every --save-every steps; "
     "rerun the same command to resume."
 )
