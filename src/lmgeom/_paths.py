@@ -171,7 +171,11 @@ def check_writable_path(path: str | os.PathLike[str], *, option: str = "--out") 
         raise CacheError(f"{option} {path}: {existing} is a file, not a folder, so nothing can "
                          f"be created below it; choose another {option}")
     folder = existing if existing.is_dir() else existing.parent
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise CacheError(f"{option} {path}: lmgeom may not write in {folder} (permission denied "
-                         f"or a read-only file system); choose a writable {option}")
+    try:  # a real probe: permissions, read-only mounts and pseudo file systems (/proc) alike
+        fd, probe = tempfile.mkstemp(prefix=".lmgeom-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise CacheError(f"{option} {path}: lmgeom may not write in {folder} "
+                         f"({exc.strerror or exc}); choose a writable {option}") from None
     return p

@@ -53,7 +53,7 @@ def _user_folder(path: Path) -> dict[str, str]:
 # ------------------------------------------------------------------ never delete user files
 RUN_COMMANDS = [
     ["analyze"], ["dispersion"], ["hardness"], ["clusters"], ["converge"], ["probe"],
-    ["sweep", "--model", "x/y"], ["select", "--model", "x/y"],
+    ["sweep", "--model", "x/y"], ["select", "--model", "x/y", "--model", "x/z"],
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -153,12 +154,13 @@ def test_bad_out_paths_are_refused_before_the_model_loads(tmp_path, monkeypatch,
         (tmp_path / "loop").symlink_to(tmp_path / "loop")
         out, why = tmp_path / "loop" / "run", "loop"
     else:
-        if os.geteuid() == 0:
-            pytest.skip("root writes anywhere: no unwritable folder to plant")
-        ro = tmp_path / "ro"
-        ro.mkdir()
-        ro.chmod(0o500)
-        out, why = ro / "run", "may not write"
+        if os.geteuid() == 0:  # root passes permission bits: a pseudo file system refuses it
+            out, why = Path("/proc") / "lmgeom-run", "may not write"
+        else:
+            ro = tmp_path / "ro"
+            ro.mkdir()
+            ro.chmod(0o500)
+            out, why = ro / "run", "may not write"
     code = main(["analyze", "--model", "smollm2-135m", "--texts", str(texts), "--quiet",
                  "--out", str(out)])
     err = capsys.readouterr().err
@@ -207,3 +209,15 @@ def test_a_cache_root_that_cannot_be_created_is_a_typed_error(tiny_dir, tmp_path
     model = lmgeom.load_model(str(tiny_dir("llama")))
     with pytest.raises(CacheError, match="cache_root.*is a file"):
         lmgeom.extract(model, CORPUS[:2], layers=[1], cache_root=tmp_path / "afile" / "c")
+
+
+def test_extract_leaves_no_lock_file_beside_its_outputs(tiny_dir, tmp_path):
+    from lmgeom.cli import main
+
+    texts = tmp_path / "t.txt"
+    texts.write_text("\n".join(CORPUS[:6]) + "\n")
+    out = tmp_path / "outs" / "acts"
+    assert main(["extract", "--model", str(tiny_dir("llama")), "--texts", str(texts),
+                 "--layers", "1", "--quiet", "--out", str(out)]) == 0
+    left = sorted(p.name for p in out.parent.iterdir())
+    assert left == ["acts.json", "acts.safetensors"], left

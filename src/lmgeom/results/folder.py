@@ -28,6 +28,8 @@ from filelock import FileLock, Timeout
 
 from .._io import (
     FOLDER_MARKER,
+    ledger_root,
+    sha256_bytes,
     atomic_path,
     check_replaceable,
     fs_clock_ns,
@@ -119,8 +121,18 @@ _held_guard = threading.Lock()
 
 
 def lock_path_of(path: str | Path) -> Path:
-    """The lock file guarding the output ``path``: ``.<name>.lmgeom-lock`` beside it."""
+    """The lock file guarding the output ``path``: in lmgeom's state folder
+    (``$LMGEOM_STATE/locks/<hash of the absolute path>.lock``), so a clean run leaves no lock
+    file beside its outputs; beside the output (``.<name>.lmgeom-lock``) only when the state
+    folder cannot be written."""
     path = Path(os.path.abspath(Path(path).expanduser()))
+    locks = ledger_root().parent / "locks"
+    try:
+        locks.mkdir(parents=True, exist_ok=True)
+        if os.access(locks, os.W_OK | os.X_OK):
+            return locks / f"{sha256_bytes(str(path).encode('utf-8', 'surrogateescape'))[:32]}.lock"
+    except OSError:
+        pass
     return path.parent / f".{path.name}.lmgeom-lock"
 
 
@@ -135,10 +147,12 @@ def acquire_output_lock(path: str | Path, *, option: str = "--out") -> str:
             lock, n = _held[key]
             _held[key] = (lock, n + 1)
             return key
+        out_parent = Path(os.path.abspath(Path(path).expanduser())).parent
         try:
+            out_parent.mkdir(parents=True, exist_ok=True)
             lock_path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise CacheError(f"cannot create the folder of {option} {path} ({lock_path.parent}): "
+            raise CacheError(f"cannot create the folder of {option} {path} ({out_parent}): "
                              f"{exc.strerror or exc}; choose another {option}") from exc
         try:  # an unwritable folder must not read as "another run holds the lock"
             os.close(os.open(key, os.O_RDWR | os.O_CREAT, 0o666))
