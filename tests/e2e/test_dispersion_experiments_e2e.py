@@ -165,6 +165,9 @@ def test_cli_hardness_and_clusters(tiny_dir, corpus_files, tmp_path, capsys):
     ml = table.read_table(out / "hardness.parquet")
     assert {"hardness_spearman", "hardness_decile_overlap", "hardness_overlap_null",
             "hardness_overlap_p"} <= set(ml.metric)
+    # every job the README lists writes plots/ (issue 49: hardness wrote none)
+    assert (out / "plots" / "hardness.png").is_file() and "hardness.png" in (
+        out / "report.html").read_text()
 
     out = tmp_path / "clus"
     assert main(["clusters", "--model", model, "--model", str(tiny_dir("gpt_neox")),

@@ -276,12 +276,19 @@ class HardnessRun:
 
     def figures(self, folder, manifest: dict[str, Any]) -> Path | None:
         """``hardness.csv`` (the per-text ranking, replacing the tidy csv) and the report."""
+        from ..report.figures_dispersion import plot_hardness
         from ..report.html import write_report
 
         with atomic_path(folder.path / "hardness.csv") as tmp:
             self.result.ranking.to_csv(tmp, index=False)
+        paths = plot_hardness(self.result, folder.plots)
+        figures = [("Dispersion vs perplexity per text", paths,
+                    "Each point a text; red: the lowest-dispersion quantile, the texts the "
+                    "ranking predicts hardest. A good ranking puts them at high perplexity.")
+                   ] if paths else []
         return write_report(folder.path, self.frame, manifest,
-                            title=f"lmgeom hardness — {self.config.spec}")
+                            title=f"lmgeom hardness — {self.config.spec}",
+                            extra_figures=figures)
 
     def summary(self, show: int = 10) -> str:
         res, q = self.result, self.config.hardness.quantile

@@ -146,3 +146,45 @@ def plot_knnlm(run: Any, out_dir, stem: str = "knnlm") -> list:
 
 __all__ = ["plot_cluster_dispersion", "plot_dispersion_correlation", "plot_knnlm",
            "plot_scatter", "scatter_layers"]
+
+
+def plot_hardness(result: Any, out_dir, stem: str = "hardness", title: str = "") -> list:
+    """Per-text dispersion vs perplexity of a hardness ranking, the lowest-dispersion quantile
+    (the texts predicted hardest) in red.
+
+    Args:
+        result: a :class:`~lmgeom.experiments.hardness.HardnessResult` (``ranking`` with
+            ``dispersion``, ``perplexity``, ``rank``; ``k`` texts per quantile; ``layer``).
+        out_dir: the plots folder.
+
+    Returns:
+        The written PNG/SVG paths (``[]`` without ranked texts).
+    """
+    rk = result.ranking
+    ok = rk[np.isfinite(rk["dispersion"].astype(float))
+            & np.isfinite(rk["perplexity"].astype(float))]
+    if ok.empty:
+        return []
+    matplotlib.use("Agg", force=False)
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    hard = ok["rank"] <= result.k
+    ax.scatter(ok.loc[~hard, "perplexity"], ok.loc[~hard, "dispersion"], s=9, alpha=0.45,
+               color="#1f77b4", label="texts")
+    ax.scatter(ok.loc[hard, "perplexity"], ok.loc[hard, "dispersion"], s=12, alpha=0.8,
+               color="#d62728", label=f"lowest dispersion (k={result.k}): predicted hardest")
+    lo_p, hi_p = float(ok["perplexity"].min()), float(ok["perplexity"].max())
+    if lo_p > 0 and hi_p / lo_p > 5:
+        ax.set_xscale("log")
+        ax.set_xlabel("perplexity (log scale)")
+    else:
+        ax.set_xlabel("perplexity")
+    ax.set_ylabel(f"dispersion, layer {result.layer}")
+    rho = result.spearman[0]
+    ax.set_title(title or f"Hardness: dispersion vs perplexity per text (Spearman {rho:+.2f})",
+                 fontsize=9.5)
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.25)
+    fig.tight_layout()
+    paths = save_figure(fig, out_dir, stem)
+    plt.close(fig)
+    return paths
