@@ -74,14 +74,16 @@ demo: setup
 
 # Every test, unit and end to end (what .ci/run calls), and every code block of README.md and
 # docs/ (conftest.py: Sybil runs them; the site itself is built with -W by tests/docs/test_docs.py).
-# TEST_WORKERS processes (pytest-xdist), one test file per worker at a time (--dist loadfile: a
-# file's module fixtures are built once and its tests, the fault barriers among them, run in
-# order); each worker's torch gets its share of the cores (tests/conftest.py). TEST_WORKERS=0 runs
-# in this process. The slowest tests and the per-file before/after are in benchmarks/RESULTS.md.
+# TEST_WORKERS processes (pytest-xdist, --dist loadgroup): a documentation page, a module with a
+# module-scoped fixture, and the Ray tests each stay on one worker (tests/conftest.py,
+# xdist_group_of); every other test goes to whichever worker is free. The pages come first on
+# the command line so the longest group (README.md) starts first. Each worker's torch gets its
+# share of the cores. TEST_WORKERS=0 runs in this process. The slowest tests and the per-file
+# before/after are in benchmarks/RESULTS.md.
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 test: setup-dev
-	$(PY) -m pytest -q $(XDIST) tests README.md docs
+	$(PY) -m pytest -q $(XDIST) --durations=40 README.md docs tests
 
 # The inner loop: tests/unit only (arrays and tiny random models, in-process; about a minute
 # here). The kind of a test is its folder: tests/unit, tests/e2e, tests/docs.
