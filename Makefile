@@ -74,14 +74,14 @@ demo: setup
 
 # Every test, unit and end to end (what .ci/run calls), and every code block of README.md and
 # docs/ (conftest.py: Sybil runs them; the site itself is built with -W by tests/docs/test_docs.py).
-# TEST_WORKERS processes (pytest-xdist, --dist loadgroup): a documentation page, a module with a
-# module-scoped fixture, and the Ray tests each stay on one worker (tests/conftest.py,
-# xdist_group_of); every other test goes to whichever worker is free. The pages come first on
-# the command line so the longest group (README.md) starts first. Each worker's torch gets its
-# share of the cores. TEST_WORKERS=0 runs in this process. The slowest tests and the per-file
-# before/after are in benchmarks/RESULTS.md.
+# TEST_WORKERS processes (pytest-xdist): one file at a time per worker (a page's blocks run in
+# order, a module's fixtures are built once), every Ray test on one worker (conftest.py,
+# schedule_group), in the order given: the pages first, so README.md, the longest unit, starts
+# first. Each worker's torch gets its share of the cores; each worker converts its share of the
+# bundled models before any test. TEST_WORKERS=0 runs in this process. The slowest tests and
+# the per-file before/after: benchmarks/RESULTS.md.
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: setup-dev
 	$(PY) -m pytest -q $(XDIST) --durations=40 README.md docs tests
 

@@ -35,6 +35,61 @@ ROOT = Path(__file__).resolve().parent
 BLOCK_TIMEOUT_S = 1200
 
 
+# --- make test's parallel schedule (pytest-xdist) ------------------------------------------
+# Here, in the root conftest, because the xdist controller only loads the root conftest.
+
+#: tests that start a Ray instance share one worker (one Ray on the machine at a time): their
+#: modules, and the tests whose name says they run on the Ray engine
+RAY_FILES = re.compile(r"(^|/)test_ray[^/]*\.py$")
+RAY_TESTS = re.compile(r"::test_ray_\w*")
+
+
+def schedule_group(nodeid: str) -> str:
+    """The unit ``make test`` schedules on one worker (``--dist loadfile``): the test's file (a
+    documentation page's blocks run in order in one folder; a module's fixtures are built
+    once), except that every Ray test joins the ``ray`` group."""
+    path = nodeid.split("::", 1)[0]
+    if RAY_FILES.search(path) or RAY_TESTS.search(nodeid):
+        return "ray"
+    return path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with :func:`schedule_group` as its scope, in collection order
+    (``make test`` lists the pages first, so README.md, the longest unit, starts first)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return schedule_group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+def pytest_sessionstart(session) -> None:
+    """Convert the installed bundled models once, before any test or page runs (a converted
+    model is shared by every test through the cache, its conversion locked): under xdist each
+    worker converts its share (round robin by worker number) in parallel, so no test waits for
+    a conversion the other worker could have done, and no recorded console block ever sees the
+    one-time "first load ... dequantizing" line. The controller of an xdist run does nothing."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None and getattr(session.config.option, "numprocesses", None):
+        return  # the xdist controller: its workers convert
+    try:
+        from lmgeom.models.bundled import BUNDLED
+        from lmgeom.models.load import prepare_bundled
+    except ImportError:  # pragma: no cover - lmgeom not installed: the tests say so
+        return
+    names = [n for n, bm in BUNDLED.items() if bm.installed()]
+    if worker is not None:
+        i, n = int(worker.lstrip("gw") or 0), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+        names = names[i::n]
+    for name in names:
+        prepare_bundled(name)
+
+
 def _setup(namespace: dict) -> None:
     folder = Path(tempfile.mkdtemp(prefix="lmgeom-docs-"))
     if (ROOT / ".venv").exists():

@@ -252,36 +252,12 @@ def kind_of(path: Path) -> str:
     return folder
 
 
-def xdist_group_of(item: pytest.Item) -> str | None:
-    """The group a test must share a worker with under ``pytest -n N --dist loadgroup``
-    (``make test``), or None (any worker, one test at a time, for the best balance):
-
-    * a page of the documentation: its blocks run in order in one folder (``doc:<page>``);
-    * a test that uses a module- or class-scoped fixture: with the rest of its module, so the
-      fixture (a trained micro suite, a loaded model) is built once (``module:<file>``);
-    * a test marked ``xdist_group`` itself keeps it (``ray``: one Ray instance at a time).
-    """
-    if item.get_closest_marker("xdist_group") is not None:
-        return None
-    if Path(str(item.path)).suffix == ".md":
-        return f"doc:{Path(str(item.path)).name}"
-    info = getattr(item, "_fixtureinfo", None)
-    for defs in (info.name2fixturedefs.values() if info is not None else ()):
-        if any(d.scope in ("module", "class", "package") for d in defs):
-            return f"module:{Path(str(item.path)).name}"
-    return None
-
-
 def pytest_collection_modifyitems(config, items):
     """Mark every test by its folder: ``unit`` (arrays and tiny random models, in-process, fast),
     ``e2e`` (real bundled models, real processes, Ray, training, or measured over 1 s) or
-    ``docs`` (the site build, the browser, the documentation's code blocks; also ``e2e``); and
-    with its xdist group (:func:`xdist_group_of`)."""
+    ``docs`` (the site build, the browser, the documentation's code blocks; also ``e2e``)."""
     for item in items:
         kind = kind_of(item.path)
         item.add_marker(getattr(pytest.mark, kind))
         if kind == "docs":
             item.add_marker(pytest.mark.e2e)
-        group = xdist_group_of(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))

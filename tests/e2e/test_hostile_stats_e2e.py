@@ -91,7 +91,6 @@ def test_cli_few_null_draws_warned_and_flagged(tiny, tmp_path):
     assert (df[df.metric == "pc1_share"].flag == "").all()  # not about the rows
 
 
-@pytest.mark.xdist_group("ray")  # one Ray instance at a time (make test: -n 2)
 def test_ray_engine_does_not_retry_a_user_error(tiny, tmp_path, monkeypatch):
     """On Ray too: the job whose model path does not exist is attempted once (ModelError),
     the other job's rows are kept."""

@@ -27,9 +27,6 @@ def _texts(n: int = 24, seed: int = 0) -> list[str]:
             for i in range(n)]
 
 
-#: one Ray instance at a time on this machine (make test runs two workers)
-pytestmark = pytest.mark.xdist_group("ray")
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):

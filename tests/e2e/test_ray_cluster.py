@@ -39,8 +39,7 @@ import pandas as pd
 import psutil
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
-              pytest.mark.xdist_group("ray")]  # one Ray at a time (make test: -n 2)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SRC = str(Path(__file__).parents[2] / "src")
 RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"

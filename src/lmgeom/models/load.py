@@ -285,7 +285,8 @@ def _from_pretrained(source, *, name, dtype, revision, trust_remote_code, device
             "decoder-only causal LM with W_U (encoders such as BERT, encoder-decoders such as T5 "
             "and multimodal wrappers cannot be analysed)"
         )
-    _check_tokenizer_files(source, name)
+    if not gguf_file:  # a .gguf carries its tokenizer inside
+        _check_tokenizer_files(source, name)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             source, config=config, dtype=dtype, device_map=device_map, output_loading_info=True,
@@ -307,7 +308,8 @@ def _from_pretrained(source, *, name, dtype, revision, trust_remote_code, device
             f"{_first_line(exc)}); check its config.json — or the weights may be corrupt or "
             "truncated: re-download or re-save them"
         ) from exc
-    _check_coverage(name, info)
+    if not gguf_file:  # a GGUF is dequantized whole; its saved folder is checked on load
+        _check_coverage(name, info)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except Exception as exc:
@@ -389,6 +391,15 @@ def _hub_message(name: str, exc: Exception, revision: str | None = None) -> str:
 
 
 # ---------------------------------------------------------------------- conversion cache
+def prepare_bundled(name: str) -> Path:
+    """Dequantize the bundled model ``name`` into the cache now, once (a no-op when done; locked
+    against a second process), and return its folder: what the first :func:`load_model` of it
+    would do, without loading it. ``make test`` does this per worker before any test."""
+    if name not in BUNDLED:
+        raise ModelError(f"unknown bundled model {name!r}; bundled: {', '.join(BUNDLED)}")
+    return _bundled_folder(name)[0]
+
+
 def _bundled_folder(name: str) -> tuple[Path, dict[str, Any]]:
     bm = BUNDLED[name]
     root = cache_dir("models")
