@@ -102,8 +102,8 @@ def bootstrap_ci(values: Sequence[float], stat, *, seed: int, n_boot: int = N_BO
                  level: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap CI of ``stat(values[idx])`` over resampled indices (seeded);
     ``(nan, nan)`` from fewer than :data:`MIN_INTERVAL_POINTS` values (an interval from one
-    or two points decides nothing: :func:`verdict_from_interval` then says inconclusive, and
-    the caller says why with :func:`too_few_points`)."""
+    or two points decides nothing: :func:`~lmgeom.metrics.claims.verdict_from_interval` then
+    says inconclusive, and the caller says why with :func:`too_few_points`)."""
     x = np.asarray(values, dtype=float)
     if x.shape[0] < MIN_INTERVAL_POINTS:
         return math.nan, math.nan
