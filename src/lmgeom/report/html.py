@@ -504,11 +504,10 @@ def _layer_sections(df: pd.DataFrame, out: Path, toc: list[tuple[str, str]]) -> 
     return body
 
 
-#: the two papers every report cites (the README's and the site's Citing section)
-CITATIONS = ('Xu (2026), <a href="https://arxiv.org/abs/2605.17084">arXiv:2605.17084</a> '
-             "(Subspace PGA) and Li, Li, Livescu, Zhou (2025), "
-             '<a href="https://arxiv.org/abs/2506.24106">arXiv:2506.24106</a> '
-             "(representation dispersion)")
+#: the two papers every report cites (the README's and the site's Citing section); plain text,
+#: as the page makes no outside reference (it must open offline, self-contained)
+CITATIONS = ("Xu (2026), arXiv:2605.17084 (Subspace PGA) and Li, Li, Livescu, Zhou (2025), "
+             "arXiv:2506.24106 (representation dispersion)")
 
 
 def _page(df: pd.DataFrame, manifest: Mapping[str, Any], title: str,
