@@ -86,9 +86,10 @@ test: setup-dev
 	$(PY) -m pytest -q $(XDIST) --durations=40 README.md docs tests
 
 # The inner loop: tests/unit only (arrays and tiny random models, in-process; about a minute
-# here). The kind of a test is its folder: tests/unit, tests/e2e, tests/docs.
+# here), test by test on whichever worker is free (unit module fixtures are cheap). The kind of
+# a test is its folder: tests/unit, tests/e2e, tests/docs (docs/contributing.md).
 test-fast: setup-dev
-	$(PY) -m pytest -q $(XDIST) tests/unit
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist load) tests/unit
 
 # The documentation site, offline: docs/_build/html/index.html. Warnings (a broken link, a
 # missing page, a reference to a name that does not exist) are errors; tests/docs/test_docs.py

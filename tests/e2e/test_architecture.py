@@ -7,8 +7,12 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import subprocess
+import sys
 from collections.abc import Collection
 from pathlib import Path
+
+import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "lmgeom"
 
@@ -202,7 +206,7 @@ def test_tests_live_in_their_kind_folder():
     """The kind of a test is its folder (``tests/conftest.py``): no test module sits at the top
     of ``tests/``, no two share a basename (pytest would refuse to import the second), and no
     unit module starts Ray or a browser or asks for the bundled model's fixture (those belong in
-    ``tests/e2e``, out of the inner loop; this module is exempt, it holds the pattern)."""
+    ``tests/e2e``, out of the inner loop)."""
     tests = Path(__file__).resolve().parents[1]
     assert not list(tests.glob("test_*.py")), "move each test module into unit/, e2e/ or docs/"
     names = [p.name for p in tests.glob("*/test_*.py")]
@@ -668,4 +672,17 @@ def test_dir_lists_the_lazy_public_api():
     listed = dir(lmgeom)
     assert set(lmgeom.__all__) <= set(listed), set(lmgeom.__all__) - set(listed)
     assert "extract" in listed and "Activations" in listed and listed == sorted(listed)
+
+
+@pytest.mark.slow
+def test_python_m_lmgeom_is_the_script():
+    r = subprocess.run([sys.executable, "-m", "lmgeom", "--version"], capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    from lmgeom import __version__
+
+    assert r.stdout.strip() == f"lmgeom {__version__}"
+    r = subprocess.run([sys.executable, "-m", "lmgeom", "texts", "--nope"], capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 2 and "unrecognized arguments" in r.stderr
 
