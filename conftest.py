@@ -68,12 +68,16 @@ def pytest_xdist_make_scheduler(config, log):
     return GroupScheduling(config, log)
 
 
-def pytest_sessionstart(session) -> None:
-    """Convert the installed bundled models once, before any test or page runs (a converted
-    model is shared by every test through the cache, its conversion locked): under xdist each
-    worker converts its share (round robin by worker number) in parallel, so no test waits for
-    a conversion the other worker could have done, and no recorded console block ever sees the
-    one-time "first load ... dequantizing" line. The controller of an xdist run does nothing."""
+def pytest_collection_finish(session) -> None:
+    """Convert the installed bundled models once, after collection and before any test or page
+    runs, when the run holds anything beyond ``tests/unit`` (a converted model is shared by every
+    test through the cache, its conversion locked): under xdist each worker converts its share
+    (round robin by worker number) in parallel, so no test waits for a conversion the other
+    worker could have done, and no recorded console block ever sees the one-time
+    "first load ... dequantizing" line. ``make test-fast`` (unit tests only) converts nothing."""
+    unit = ROOT / "tests" / "unit"
+    if all(unit in Path(str(item.path)).resolve().parents for item in session.items):
+        return
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None and getattr(session.config.option, "numprocesses", None):
         return  # the xdist controller: its workers convert
