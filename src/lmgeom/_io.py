@@ -240,6 +240,16 @@ def record_tree(folder: str | os.PathLike[str], *, since_ns: int | None = None) 
         record_written(p)
 
 
+def _in_ledger(path: Path) -> bool:
+    """Whether the state folder records ``path`` as written by lmgeom, unchanged since."""
+    entry = _ledger_entry(path)
+    try:
+        rec = json.loads(entry.read_text()) if entry is not None else None
+        return rec is not None and rec.get("id") == _identity(path.stat())
+    except (OSError, ValueError):
+        return False
+
+
 def written_by_lmgeom(path: str | os.PathLike[str]) -> bool:
     """Whether lmgeom wrote the file ``path`` and nobody changed it since (always true inside
     the cache; false for a missing path, a folder or a symlink). Two proofs count: the record
@@ -251,13 +261,8 @@ def written_by_lmgeom(path: str | os.PathLike[str]) -> bool:
         return False
     if in_cache(path):
         return True
-    entry = _ledger_entry(path)
-    try:
-        rec = json.loads(entry.read_text()) if entry is not None else None
-        if rec is not None and rec.get("id") == _identity(path.stat()):
-            return True
-    except (OSError, ValueError):
-        pass
+    if _in_ledger(path):
+        return True
     if path.name == FOLDER_MARKER:  # a marker proves itself (its check field)
         return read_marker(path) is not None
     return vouched_by_marker(path)
@@ -295,14 +300,8 @@ def read_marker(marker: str | os.PathLike[str]) -> dict[str, Any] | None:
     body = {k: data.get(k) for k in ("lmgeom", "signature", "files")}
     if data.get("lmgeom") == "run folder" and data.get("check") == stable_hash(body):
         return data
-    entry = _ledger_entry(marker)  # an older marker: only the state folder's record proves it
-    try:
-        rec = json.loads(entry.read_text()) if entry is not None else None
-        if rec is not None and rec.get("id") == _identity(marker.stat()):
-            return data
-    except (OSError, ValueError):
-        pass
-    return None
+    # an older marker: only the state folder's record proves it
+    return data if _in_ledger(marker) else None
 
 
 def vouched_by_marker(path: str | os.PathLike[str]) -> bool:
