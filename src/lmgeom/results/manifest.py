@@ -8,21 +8,31 @@ import sys
 from typing import Any
 
 
-def versions() -> dict[str, str]:
-    out = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for mod in ("lmgeom", "torch", "transformers", "numpy", "scipy", "pandas", "sklearn"):
-        try:
-            m = __import__(mod)
-            out[mod] = str(getattr(m, "__version__", "?"))
-        except ImportError:
-            pass
-    try:
-        import torch
+#: the packages a manifest records, by import name and distribution name
+PACKAGES = (("lmgeom", "lmgeom"), ("torch", "torch"), ("transformers", "transformers"),
+            ("numpy", "numpy"), ("scipy", "scipy"), ("pandas", "pandas"),
+            ("sklearn", "scikit-learn"))
 
+
+def versions() -> dict[str, str]:
+    """Python, platform and package versions. A package the run imported reports its
+    ``__version__``; one it did not is read from its installed metadata rather than imported
+    (importing scikit-learn and transformers only to read a version cost seconds per run)."""
+    from importlib import metadata
+
+    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for mod, dist in PACKAGES:
+        if mod in sys.modules:
+            out[mod] = str(getattr(sys.modules[mod], "__version__", "?"))
+            continue
+        try:
+            out[mod] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
         out["torch_threads"] = str(torch.get_num_threads())
         out["cuda"] = str(torch.cuda.is_available())
-    except ImportError:  # pragma: no cover
-        pass
     return out
 
 
