@@ -175,3 +175,61 @@ def test_dispersion_on_a_small_file_flags_its_correlations_and_says_what_would_d
     df2 = pd.read_parquet(out2 / "dispersion.parquet")
     chunk = df2[df2.metric.str.startswith("corr_") & df2.setting.str.contains("level=chunk")]
     assert (chunk["flag"].fillna("") == "").all() and chunk["n"].min() >= 10
+
+
+def test_a_flagged_run_carries_its_flag_on_every_surface(tiny_path, tmp_path, capsys):
+    """One flag rule, every surface (issue 48): an analyze run whose z values rest on too
+    little data (9 texts, k = 4 at CCR-1: ``k_rank``; 10 null draws: ``low_null``) carries the
+    flag in the printed table (mark + footer), both table files, the manifest (JSON), the
+    report (mark + legend), the Reading (no flagged z headlined) and the Python result; the
+    same settings on enough texts carry none of it."""
+    import pandas as pd
+
+    import lmgeom
+    from lmgeom.results.console import FLAG_MARK
+
+    few = tmp_path / "few.txt"
+    few.write_text("\n".join(f"{CORPUS[i % len(CORPUS)].replace(chr(10), ' ')} item {i}"
+                             for i in range(9)) + "\n")
+    out = tmp_path / "flagged"
+    assert main(["analyze", "--model", tiny_path, "--texts", str(few), "--k", "4", "--n-null",
+                 "10", "--ccr", "0,1", "--layers", "1,2", "--quiet", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    table = [ln for ln in printed.splitlines() if ln.split()[:1] in (["1"], ["2"], ["final"])]
+    assert table and all(f"{FLAG_MARK} " in ln for ln in table), printed  # every row marked
+    assert f"{FLAG_MARK} LOW SAMPLE in the rows marked" in printed and "low_null = " in printed
+    for df in (pd.read_parquet(out / "layers.parquet"), pd.read_csv(out / "layers.csv",
+                                                                    keep_default_na=False)):
+        z = df[df.metric == "pga_z"]
+        assert (z["flag"].str.contains("low_null")).all()
+    flags = json.loads((out / "manifest.json").read_text())["flags"]
+    assert flags["low_null"]["rows"] >= 6 and "pga_z" in flags["low_null"]["metrics"]
+    html = (out / "report.html").read_text()
+    assert 'class="flag"' in html and "LOW SAMPLE in the cells marked" in html
+    reading = html.split('id="section-reading"', 1)[1].split("</section>", 1)[0]
+    assert "highest PGA z" not in reading and "flagged LOW SAMPLE" in reading
+    from lmgeom.experiments import AnalyzeConfig, LayerSweepConfig, TextOptions
+
+    res = AnalyzeConfig(models=(tiny_path,), texts=TextOptions(spec=str(few)),
+                        layers=LayerSweepConfig(k=4, n_null=10, ccr=(0, 1), layers="1,2")
+                        ).run(work_dir=tmp_path / "api", progress=False)
+    z = res.frame[res.frame.metric == "pga_z"]
+    assert z["flag"].str.contains("low_null").all()
+    import lmgeom.metrics as M  # and the single-layer result object
+
+    acts = lmgeom.extract(lmgeom.load_model(tiny_path), lmgeom.load_texts(str(few)), layers="2")
+    r = M.subspace_pga(acts.layer("2"), M.readout_basis(
+        lmgeom.load_model(tiny_path).W_U.detach().numpy(), k=4), ccr=0, n_null=10, seed=0)
+    assert "low_null" in r.flags and r.warnings
+    # the same settings on enough texts and null draws: no mark anywhere
+    many = tmp_path / "many.txt"
+    many.write_text("\n".join(f"{CORPUS[i % len(CORPUS)].replace(chr(10), ' ')} item {i}"
+                              for i in range(48)) + "\n")
+    clean = tmp_path / "clean"
+    assert main(["analyze", "--model", tiny_path, "--texts", str(many), "--k", "4", "--n-null",
+                 "20", "--ccr", "0", "--layers", "1,2", "--pooling", "mean", "--quiet",
+                 "--out", str(clean)]) == 0
+    printed = capsys.readouterr().out
+    assert "LOW SAMPLE" not in printed and FLAG_MARK + " " not in printed
+    assert json.loads((clean / "manifest.json").read_text())["flags"] == {}
+    assert 'class="flag"' not in (clean / "report.html").read_text()

@@ -221,3 +221,60 @@ def test_extract_leaves_no_lock_file_beside_its_outputs(tiny_dir, tmp_path):
                  "--layers", "1", "--quiet", "--out", str(out)]) == 0
     left = sorted(p.name for p in out.parent.iterdir())
     assert left == ["acts.json", "acts.safetensors"], left
+
+
+# ------------------------------------------------------------------ low-sample floors beyond PGA
+
+def _hardness(n: int, k: int):
+    import pandas as pd
+
+    from lmgeom.experiments.hardness import HardnessResult
+
+    return HardnessResult(ranking=pd.DataFrame({"dispersion": np.linspace(0.2, 0.5, n)}), spearman=(-0.3, -0.6, 0.1), overlap=0.2,
+                          null=np.linspace(0, 0.3, 20), k=k, n=n, n_skipped=0, layer="final")
+
+
+@pytest.mark.parametrize("n,k,want", [(8, 1, {"few_points", "small_quantile"}),
+                                      (40, 4, {"small_quantile"}), (64, 6, set())])
+def test_hardness_rows_carry_the_floors(n, k, want):
+    """A hardness Spearman over fewer than 10 texts is flagged few_points; an overlap share
+    over a quantile of fewer than 5 texts small_quantile; n = 64 at q = 0.1 (k = 6) neither."""
+    from lmgeom.experiments.hardness import HardnessConfig, hardness_rows
+
+    rows = {r["metric"]: r["flag"] for r in hardness_rows(
+        _hardness(n, k), model="m", texts_label="t", config=HardnessConfig())
+        if r["metric"].startswith("hardness_")}
+    got = {f for f in rows.values() if f}
+    assert got == want
+    assert rows["hardness_spearman"] == ("few_points" if n < 10 else "")
+    assert rows["hardness_overlap_p"] == ("small_quantile" if k < 5 else "")
+
+
+@pytest.mark.parametrize("per_class,flagged", [(4, True), (12, False)])
+def test_probe_rows_flag_a_small_class(per_class, flagged, recwarn):
+    """A probe class with fewer than 10 texts flags every probe row of the layer (and warns);
+    12 per class does not."""
+    from types import SimpleNamespace
+
+    from lmgeom.experiments.probes import probe_rows
+
+    rng = np.random.default_rng(0)
+    labels = ["a"] * per_class + ["b"] * per_class + ["c"] * 12
+    states = rng.normal(size=(1, len(labels), 8)).astype(np.float32)
+    acts = SimpleNamespace(layers=("1",), states=states, labels=labels, row_text=None)
+    model = SimpleNamespace(name="m", n_blocks=2, point_index=lambda lab: 1)
+    rows = probe_rows(model, acts, folds=3, progress=False)
+    assert {r["flag"] for r in rows} == ({"small_class"} if flagged else {""})
+    assert any("smallest probe class" in str(w.message) for w in recwarn) == flagged
+
+
+def test_flag_codes_name_their_floor():
+    """Every flag code a table can carry is described, with its number (so the footer under a
+    table says what the mark means)."""
+    from lmgeom.metrics import sample_size as S
+
+    for code, floor in (("few_points", S.MIN_CORR_POINTS), ("small_quantile",
+                        S.MIN_QUANTILE_TEXTS), ("few_tokens", S.MIN_EVAL_TOKENS),
+                        ("small_class", S.MIN_PROBE_CLASS)):
+        assert str(floor) in S.describe_flag(code)
+    assert S.corr_flag(S.MIN_CORR_POINTS - 1) == "few_points" and S.corr_flag(10) == ""

@@ -20,10 +20,10 @@ import pandas as pd
 from ..activations import extract
 from ..engines import EngineConfig, make_engine
 from ..errors import ConfigError
-from ..metrics.sample_size import split_flags, warn_low_sample
+from ..metrics.sample_size import describe_flag, join_flags, split_flags, warn_low_sample
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
-from ..results.console import format_table
+from ..results.console import flag_footer, format_table, mark_flags
 from ..texts import nested_sample_indices
 from .base import register
 from .layer_sweep import (
@@ -203,8 +203,8 @@ def analyze_model(
         if note is not None:
             warn_low_sample(f"{label or model.name}: {note}")
         kk = cfg.k
-        kw = dict(probes=probes, folds=folds, revision=revision, name=label or model.name,
-                  work_dir=work_dir, progress=progress)
+        kw = {"probes": probes, "folds": folds, "revision": revision,
+              "name": label or model.name, "work_dir": work_dir, "progress": progress}
         frames, tm, skipped = _sweep(model, acts, texts, cfg, **kw)
         timings.update(tm)
         t = time.perf_counter()
@@ -368,27 +368,41 @@ class AnalyzeResult:
                             title=f"lmgeom analyze — {', '.join(self.config.models)}")
 
     def z_table(self, model: str) -> list[dict[str, Any]]:
-        """One dict per layer: ``layer`` and ``z ccr=m`` per CCR level."""
+        """One dict per layer: ``layer`` and ``z ccr=m`` per CCR level, and (when some z of
+        the model is flagged) the ``flag`` column of :func:`~lmgeom.results.console.mark_flags`:
+        the layer's flags over its CCR levels."""
         g = self.frame.loc[self.frame["model"] == model]
         z = g[g.metric == "pga_z"].pivot_table(index=["layer_index", "layer"],
                                                columns="setting", values="value", sort=True)
         cols = [f"ccr={m}" for m in self.config.layers.ccr if f"ccr={m}" in z.columns]
-        return [{"layer": layer, **{f"z {c}": float(r[c]) for c in cols}}
+        rows = [{"layer": layer, **{f"z {c}": float(r[c]) for c in cols}}
                 for (_, layer), r in z.iterrows()]
+        return mark_flags(rows, self._layer_flags(model, [idx for idx, _ in z.index]))
+
+    def _layer_flags(self, model: str, indices: list[int]) -> list[str]:
+        """Each layer's flags over its PGA z rows (``""``: none), in ``indices`` order."""
+        df = self.frame
+        if "flag" not in df.columns:
+            return [""] * len(indices)
+        g = df.loc[(df["model"] == model) & (df["metric"] == "pga_z")]
+        by = {int(i): join_flags(c for f in fs for c in split_flags(f))
+              for i, fs in g.groupby("layer_index")["flag"]}
+        return [by.get(int(i), "") for i in indices]
 
     def flag_note(self, model: str) -> str:
-        """One line under a model's z table when some of its z values rest on too little data
-        (``""`` when none): which flags, in which layers."""
+        """The line under a model's z table when some of its z values rest on too little data
+        (``""`` when none): the shared footer (:func:`~lmgeom.results.console.flag_footer`:
+        each flag and its meaning) and the layers it covers."""
         df = self.frame
         if "flag" not in df.columns:
             return ""
         g = df.loc[(df["model"] == model) & (df["metric"] == "pga_z") & (df["flag"] != "")]
         if g.empty:
             return ""
-        codes = dict.fromkeys(c for f in g["flag"] for c in split_flags(f))
         layers = list(dict.fromkeys(g.sort_values("layer_index")["layer"].astype(str)))
-        return (f"LOW SAMPLE ({', '.join(codes)}) in layer(s) {layer_span(layers)}: these z "
-                "rest on too little data (see the warnings and the table's 'flag' column)")
+        return flag_footer(g["flag"], describe_flag,
+                           f"in the rows marked (layer(s) {layer_span(layers)}; the table's "
+                           "'flag' column and the warnings say more)")
 
     def summary(self) -> str:
         cfg = self.config.layers

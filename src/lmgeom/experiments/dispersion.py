@@ -51,7 +51,7 @@ from .._io import atomic_path
 from ..errors import CacheError, ConfigError
 from ..lm.scoring import forward_chunks
 from ..metrics.dispersion import group_means, token_dispersion
-from ..metrics.sample_size import MIN_CORR_POINTS, describe_flag, warn_low_sample
+from ..metrics.sample_size import MIN_CORR_POINTS, corr_flag, describe_flag, warn_low_sample
 from ..metrics.uncertainty import correlation_interval, mean_interval
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
@@ -219,14 +219,14 @@ def correlation_rows(meas: ChunkMeasurements, config: DispersionConfig, *,
                                     config.n_boot, seed)
             rows.append(table.row(**at, metric=f"corr_{method}", setting=s_chunk, value=v,
                                   ci_low=lo, ci_high=hi, seed=seed, n=n,
-                                  flag="few_points" if n < MIN_CORR_POINTS else ""))
+                                  flag=corr_flag(n)))
             if n_groups >= 3:
                 v, lo, hi = correlation_interval(gd[li], gp, method, config.n_boot, seed)
             else:
                 v = lo = hi = math.nan
             rows.append(table.row(**at, metric=f"corr_{method}", setting=s_group, value=v,
                                   ci_low=lo, ci_high=hi, seed=seed, n=n_groups,
-                                  flag="few_points" if n_groups < MIN_CORR_POINTS else ""))
+                                  flag=corr_flag(n_groups)))
     # corpus perplexity of the chunks: exp(mean NLL), CI by bootstrap of the mean NLL
     v, lo, hi = mean_interval(meas.mean_nll, config.n_boot, seed)
     rows.append(table.row(**base, metric="perplexity", setting=s_chunk, value=math.exp(v),

@@ -39,10 +39,17 @@ from ..activations.core import encode_texts
 from ..errors import ConfigError, DataError
 from ..lm.scoring import forward_chunks
 from ..metrics.dispersion import token_dispersion
+from ..metrics.sample_size import (
+    MIN_CORR_POINTS,
+    MIN_QUANTILE_TEXTS,
+    corr_flag,
+    describe_flag,
+    warn_low_sample,
+)
 from ..metrics.uncertainty import correlation_interval, quantile_overlap
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
-from ..results.console import format_table
+from ..results.console import FLAG_MARK, flag_footer, format_table
 from ..texts import as_textset
 from .base import register
 from .options import ModelOptions, TextOptions
@@ -141,6 +148,10 @@ def rank_hardness(model, texts, config: HardnessConfig | None = None, *,
         log.warning("%d text(s) too short for a dispersion (< 2 counted tokens): left out", n_skip)
     if ok.sum() < 3:
         raise DataError(f"only {int(ok.sum())} texts have a dispersion; need at least 3")
+    if ok.sum() < MIN_CORR_POINTS:
+        warn_low_sample(f"{model.name}: the hardness Spearman is over {int(ok.sum())} texts "
+                        f"(fewer than {MIN_CORR_POINTS}): its interval is too wide to read; "
+                        "rank more texts (marked in the 'flag' column)")
     rank = np.full(len(ts), np.nan)
     order = np.flatnonzero(ok)[np.argsort(disp[ok], kind="stable")]
     rank[order] = np.arange(1, len(order) + 1)
@@ -185,15 +196,17 @@ def hardness_rows(res: HardnessResult, *, model: str, texts_label: str, config: 
     base = {"model": model, "revision": revision}
     lo, hi = res.null_interval
     rk = res.ranking
+    small_q = "small_quantile" if res.k < MIN_QUANTILE_TEXTS else ""
     return [
         table.row(**base, metric="hardness_spearman", setting=s, value=res.spearman[0],
-                  ci_low=res.spearman[1], ci_high=res.spearman[2], seed=config.seed, n=res.n),
+                  ci_low=res.spearman[1], ci_high=res.spearman[2], seed=config.seed, n=res.n,
+                  flag=corr_flag(res.n)),
         table.row(**base, metric="hardness_decile_overlap", setting=q, value=res.overlap,
-                  seed=config.seed, n=res.k),
+                  seed=config.seed, n=res.k, flag=small_q),
         table.row(**base, metric="hardness_overlap_null", setting=q, value=res.null_mean,
-                  ci_low=lo, ci_high=hi, seed=config.seed, n=len(res.null)),
+                  ci_low=lo, ci_high=hi, seed=config.seed, n=len(res.null), flag=small_q),
         table.row(**base, metric="hardness_overlap_p", setting=q, value=res.p_value,
-                  seed=config.seed, n=len(res.null)),
+                  seed=config.seed, n=len(res.null), flag=small_q),
         table.row(**base, metric="dispersion", setting=s,
                   value=float(np.nanmean(rk["dispersion"].to_numpy(float))), n=res.n),
         table.row(**base, metric="perplexity", setting=s, value=res.corpus_perplexity, n=res.n),
@@ -302,7 +315,13 @@ class HardnessRun:
         top = (f"top-perplexity {q:.0%} (k={res.k}) found in the lowest-dispersion {q:.0%}: "
                f"{res.overlap:.1%}  (random ranking {res.null_mean:.1%}, 95 % [{lo:.1%}, "
                f"{hi:.1%}], p = {res.p_value:.3g})")
+        flags = [corr_flag(res.n), "small_quantile" if res.k < MIN_QUANTILE_TEXTS else ""]
+        rho, top = (f"{FLAG_MARK} {line}  [{f}]" if f else line
+                    for line, f in zip((rho, top), flags))
         lines = [head, rho, top]
+        footer = flag_footer(flags, describe_flag, "in the lines marked")
+        if footer:
+            lines.append(footer)
         k = max(0, show)
         if k:
             rk = res.ranking

@@ -22,7 +22,7 @@ from ..activations import extract
 from ..activations.forward import progress_bar
 from ..errors import LmgeomError, TextsError
 from ..metrics import probe_accuracy
-from ..metrics.sample_size import warn_low_sample
+from ..metrics.sample_size import MIN_PROBE_CLASS, warn_low_sample
 from ..models.bundled import DEFAULT_MODEL
 from ..results import table
 from ..results.console import format_table
@@ -78,6 +78,13 @@ def probe_rows(model, acts, *, folds: int = 5, seed: int = 0, C: float = 1.0, re
                progress: bool | None = None) -> list[dict]:
     y = probe_labels(acts)
     L = model.n_blocks
+    smallest = int(np.unique(np.asarray(y), return_counts=True)[1].min()) if len(y) else 0
+    flag = "small_class" if smallest < MIN_PROBE_CLASS else ""
+    if flag:
+        warn_low_sample(f"{model.name}: the smallest probe class has {smallest} texts (fewer "
+                        f"than {MIN_PROBE_CLASS}): each held-out fold holds one or two of them, "
+                        "so the accuracy and its interval are noise; use more texts per label "
+                        "(marked in the 'flag' column)")
     rows = []
     bar = progress_bar(len(acts.layers), f"probes {model.name}", progress)
     for i, label in enumerate(acts.layers):
@@ -89,7 +96,7 @@ def probe_rows(model, acts, *, folds: int = 5, seed: int = 0, C: float = 1.0, re
         accs = np.asarray(r.fold_accuracies, dtype=float)
         half = stats.t.ppf(0.975, len(accs) - 1) * accs.std(ddof=1) / math.sqrt(len(accs)) if len(accs) > 1 else math.nan
         common = dict(model=model.name, revision=revision, layer=label, layer_index=idx,
-                      depth=idx / (L + 1), setting=f"folds={folds}", seed=seed, n=len(y))
+                      depth=idx / (L + 1), setting=f"folds={folds}", seed=seed, n=len(y), flag=flag)
         rows += [
             table.row(metric="probe_acc", value=float(accs.mean()), ci_low=float(accs.mean() - half),
                       ci_high=float(accs.mean() + half), **common),

@@ -65,12 +65,17 @@ from lmgeom.errors import LowSampleWarning
 
 __all__ = [
     "FLAG_CODES",
+    "MIN_CORR_POINTS",
+    "MIN_EVAL_TOKENS",
     "MIN_NULL",
     "MIN_NULL_HARD",
     "MIN_PAIRS",
     "MIN_PAIRS_HARD",
+    "MIN_PROBE_CLASS",
+    "MIN_QUANTILE_TEXTS",
     "MIN_ROWS",
     "MIN_ROWS_HARD",
+    "corr_flag",
     "describe_flag",
     "join_flags",
     "numerical_rank",
@@ -119,6 +124,24 @@ MIN_PAIRS = 1000
 #: drawn from so few distinct resamples that it collapses ([+1.00, +1.00] from 5 groups).
 MIN_CORR_POINTS = 10
 
+#: Fewest scored tokens for an unflagged perplexity comparison (kNN-LM: each layer's
+#: interpolated perplexity on the held-out tokens): the per-token NLL of a small LM has a
+#: standard deviation of a few nats, so the mean NLL over n tokens is uncertain by about
+#: 2.5 / sqrt(n) nats: 8 % in perplexity at 1000 tokens, more than the few-percent gains that
+#: separate the layers below it.
+MIN_EVAL_TOKENS = 1000
+
+#: Fewest texts of each class for an unflagged probe accuracy: with ``folds`` = 5 a class of
+#: 10 texts puts 2 in each held-out fold, so below that one misclassified text moves the
+#: fold's accuracy on the class by 100 % and the per-fold spread (the interval) is noise.
+MIN_PROBE_CLASS = 10
+
+#: Fewest texts in a quantile (hardness: the top-perplexity decile against the lowest-dispersion
+#: one) for an unflagged overlap share: with k texts the share moves in steps of 1 / k, so
+#: below 5 one text changes it by more than 20 points, and the permutation null (mean k / n)
+#: is a handful of distinct values. n = 50 texts at the default q = 0.1.
+MIN_QUANTILE_TEXTS = 5
+
 #: Flag codes in a fixed order (the order of :func:`join_flags`), with what each means.
 FLAG_CODES: dict[str, str] = {
     "low_n": f"fewer than {MIN_ROWS} rows (texts)",
@@ -127,8 +150,18 @@ FLAG_CODES: dict[str, str] = {
     "low_pairs": f"fewer than {MIN_PAIRS} sampled pairs",
     "k_rank": "readout dimension k at or above the rank of the (centred / CCR) states",
     "few_points": f"a correlation over fewer than {MIN_CORR_POINTS} points (chunks, groups, "
-                  "texts or models)",
+                  "texts, candidates or layers)",
+    "small_class": f"a probe class with fewer than {MIN_PROBE_CLASS} texts",
+    "few_tokens": f"an evaluation over fewer than {MIN_EVAL_TOKENS} scored tokens",
+    "small_quantile": f"a quantile of fewer than {MIN_QUANTILE_TEXTS} texts (its share moves in "
+                      "steps of 1/k)",
 }
+
+
+def corr_flag(n: int) -> str:
+    """The flag of a correlation over ``n`` independent points (texts, chunks, groups,
+    candidates, layers): ``"few_points"`` below :data:`MIN_CORR_POINTS`, else ``""``."""
+    return "few_points" if n < MIN_CORR_POINTS else ""
 
 
 def describe_flag(code: str) -> str:

@@ -45,7 +45,7 @@ from .._io import (
 from .._paths import check_output_location
 from ..errors import CacheError
 from .manifest import base_manifest, now
-from .table import write_table
+from .table import flag_summary, write_table
 
 log = logging.getLogger(__name__)
 
@@ -367,6 +367,8 @@ class RunFolder:
         for stem, frame in (extra() if extra is not None else {}).items():
             self.write_parquet(frame, stem)
         self.manifest.update(result.manifest())
+        if "flag" in df.columns:  # every flagged number is named in the JSON too
+            self.manifest["flags"] = flag_summary(df)
         timings = self.manifest.setdefault("timings", {})
         t = time.perf_counter()
         page = result.figures(self, self.manifest) if report else None

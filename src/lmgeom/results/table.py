@@ -130,6 +130,28 @@ def normalise(df: pd.DataFrame) -> pd.DataFrame:
 _STEP = re.compile(r"step[_-]?(\d+)$")
 
 
+def flag_summary(df: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """The flagged rows of a table, for a run's manifest (``{}`` when none): per flag code the
+    number of rows, and the metrics, models and layers they cover, so a reader of the JSON
+    alone sees which numbers rest on too little data (the codes are ``;``-joined in ``flag``)."""
+    if "flag" not in df.columns or df.empty:
+        return {}
+    flagged = df[df["flag"].fillna("").astype(str) != ""]
+    out: dict[str, dict[str, Any]] = {}
+    for r in flagged.itertuples(index=False):
+        for code in str(r.flag).split(";"):
+            if not code:
+                continue
+            e = out.setdefault(code, {"rows": 0, "metrics": {}, "models": {}, "layers": {}})
+            e["rows"] += 1
+            e["metrics"][str(r.metric)] = None
+            e["models"][str(r.model)] = None
+            if str(r.layer) != "":
+                e["layers"][str(r.layer)] = None
+    return {c: {"rows": e["rows"], **{k: list(e[k]) for k in ("metrics", "models", "layers")}}
+            for c, e in out.items()}
+
+
 def step_of(revision: str) -> int | None:
     """``step512`` → 512 (also ``step_512``); ``None`` for other revision names."""
     m = _STEP.search(str(revision))

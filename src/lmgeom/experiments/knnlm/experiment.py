@@ -62,9 +62,10 @@ from ...lm.knnlm import (
     temperature_label,
 )
 from ...lm.scoring import forward_chunks, model_context
+from ...metrics.sample_size import MIN_EVAL_TOKENS, corr_flag, describe_flag, join_flags
 from ...models.bundled import DEFAULT_MODEL
 from ...results import table
-from ...results.console import format_table
+from ...results.console import FLAG_MARK, flag_footer, format_table, mark_flags
 from ...texts import as_textset
 from ...texts.chunks import make_chunks
 from ..base import register
@@ -359,18 +360,20 @@ def knnlm_rows(run: KnnRun, *, revision: str = "") -> list[dict[str, Any]]:
         rows.append(table.row(**at, metric="knnlm_dispersion", setting=s_train, value=d.pooled,
                               seed=c.seed, n=d.n_tokens))
         rows.append(table.row(**at, metric="knnlm_dispersion_chunk", setting=s_train,
-                              value=d.chunk_mean, seed=c.seed, n=d.n_chunks))
+                              value=d.chunk_mean, seed=c.seed, n=d.n_chunks,
+                              flag=corr_flag(d.n_chunks)))
         rows.append(table.row(**at, metric="knnlm_dispersion_rank", setting=s_train,
                               value=run.ranking.index(p) + 1, n=len(run.points)))
         ev = run.evals.get(p)
         if ev is None:
             continue
         knn = f"k={ev.k};distance={ev.distance};index={ev.index['kind']}"
+        few = "few_tokens" if ev.n_queries < MIN_EVAL_TOKENS else ""
         order = sorted(ev.grid.items(), key=lambda kv: (kv[0][0] != ev.temperature_name, kv[0]))
         for (tl, lam), ppl in order:
             rows.append(table.row(**at, metric="knnlm_perplexity",
                                   setting=f"{s_eval};lambda={lam:g};T={tl};{knn}", value=ppl,
-                                  n=ev.n_queries))
+                                  n=ev.n_queries, flag=few))
         for tl, tv in ev.temperatures.items():
             rows.append(table.row(**at, metric="knnlm_temperature", setting=f"{s_eval};T={tl}",
                                   value=tv, n=ev.n_queries))
@@ -383,7 +386,8 @@ def knnlm_rows(run: KnnRun, *, revision: str = "") -> list[dict[str, Any]]:
     rows.append(table.row(**base, metric="knnlm_selection_match",
                           setting=f"{s_eval};lambda={c.lam:g};T={_tname(c.temperature)};"
                                   f"picked={run.picked};best={run.best}",
-                          value=float(run.match), n=len(run.evaluated)))
+                          value=float(run.match), n=len(run.evaluated),
+                          flag="few_tokens" if run.n_eval_tokens < MIN_EVAL_TOKENS else ""))
     return rows
 
 
@@ -524,7 +528,14 @@ class KnnlmResult:
         table_rows = res.summary()
         for r in table_rows:
             r["point"] = _show(r["point"])
-        lines.append(format_table(table_rows, floatfmt="{:.4g}"))
+        flags = [join_flags((corr_flag(res.dispersion[p].n_chunks),
+                             "few_tokens" if p in res.evals
+                             and res.evals[p].n_queries < MIN_EVAL_TOKENS else ""))
+                 for p in res.ranking]
+        lines.append(format_table(mark_flags(table_rows, flags), floatfmt="{:.4g}"))
+        footer = flag_footer(flags, describe_flag, "in the rows marked")
+        if footer:
+            lines.append(footer)
         sweep = []
         for p in res.evaluated:
             ev_ = res.evals[p]
@@ -534,6 +545,9 @@ class KnnlmResult:
         lines += ["", format_table(sweep, floatfmt="{:.4g}")]
         if cfg.select or len(res.evaluated) > 1:
             verdict = "matches" if res.match else "does NOT match"
+            if res.n_eval_tokens < MIN_EVAL_TOKENS:
+                verdict += (f" ({FLAG_MARK} few_tokens: {res.n_eval_tokens} held-out tokens "
+                            "cannot separate the layers' perplexities)")
             gain = res.evals[res.best].perplexity[lam]
             lines.append(f"\ndispersion picks {res.picked}; the lowest kNN-LM perplexity at "
                          f"lambda={lam:g}, T={ev0.temperature_name} is {res.best} ({gain:.4g}): "

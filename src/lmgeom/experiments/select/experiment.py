@@ -62,9 +62,10 @@ from ...errors import ConfigError, ModelError, TextsError
 from ...lm.perplexity import perplexity
 from ...lm.scoring import model_context
 from ...metrics import dispersion_gap, dispersion_gap_states
+from ...metrics.sample_size import corr_flag, describe_flag
 from ...metrics.uncertainty import MIN_N_CI, Agreement, rank_agreement, ranks_desc
 from ...results import table
-from ...results.console import format_table
+from ...results.console import FLAG_MARK, flag_footer, format_table
 from ...texts import limit_textset, load_texts
 from ..base import register
 from .inputs import (
@@ -420,13 +421,15 @@ def select_rows(run: SelectRun) -> list[dict[str, Any]]:
         rows.append(table.row(model="(candidates)", metric="gap_rank_agreement",
                               setting=f"{_settings(c, v)};vs=-bits_per_byte;method={a.method}",
                               value=a.value, ci_low=a.low, ci_high=a.high, n=a.n,
-                              seed=c.seed if a.n >= MIN_N_CI else math.nan))
+                              seed=c.seed if a.n >= MIN_N_CI else math.nan,
+                              flag=corr_flag(a.n)))
         for grp, ag in run.by_group.get(v, {}).items():
             rows.append(table.row(model=f"(group {grp})", metric="gap_rank_agreement",
                                   setting=f"{_settings(c, v)};vs=-bits_per_byte;group={grp};"
                                           f"method={ag.method}",
                                   value=ag.value, ci_low=ag.low, ci_high=ag.high, n=ag.n,
-                                  seed=c.seed if ag.n >= MIN_N_CI else math.nan))
+                                  seed=c.seed if ag.n >= MIN_N_CI else math.nan,
+                                  flag=corr_flag(ag.n)))
     return rows
 
 
@@ -444,9 +447,10 @@ _VARIANTS = {
 def _fmt_agreement(a: Agreement) -> str:
     if not math.isfinite(a.value):
         return f"undefined (n={a.n})"
+    mark = f"{FLAG_MARK} " if corr_flag(a.n) else ""
     if math.isfinite(a.low):
-        return f"{a.value:+.3f} [{a.low:+.3f}, {a.high:+.3f}] (n={a.n}, {a.method})"
-    return f"{a.value:+.3f} (n={a.n}, {a.method})"
+        return f"{mark}{a.value:+.3f} [{a.low:+.3f}, {a.high:+.3f}] (n={a.n}, {a.method})"
+    return f"{mark}{a.value:+.3f} (n={a.n}, {a.method})"
 
 
 def _agreement_dict(a: Agreement) -> dict[str, Any]:
@@ -579,6 +583,12 @@ class SelectResult:
                 lines.append(f"  variant={v}: {_fmt_agreement(a)}")
                 for grp, ag in run.by_group.get(v, {}).items():
                     lines.append(f"    within {grp}: {_fmt_agreement(ag)}")
+            footer = flag_footer([corr_flag(a.n) for a in run.agreement.values()]
+                                 + [corr_flag(ag.n) for v in run.agreement
+                                    for ag in run.by_group.get(v, {}).values()],
+                                 describe_flag, "in the agreements marked")
+            if footer:
+                lines.append(footer)
         elif c.eval_spec is None:
             lines.append("\n(no held-out domain text: ranking only; give --eval-texts to "
                          "check it)")
