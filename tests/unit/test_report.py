@@ -161,3 +161,19 @@ def test_user_strings_are_escaped(tmp_path):
         s = svg.read_text(encoding="utf-8")
         assert "<script" not in s and "<img" not in s
 
+
+
+def test_header_shows_model_facts_not_a_raw_dict(tmp_path):
+    """A manifest whose models are dicts (analyze's) gives the header a table of model facts
+    (name, family, width, blocks, dtype, k, weights hash); the host and pid are not in the
+    header (they stay in the settings table below)."""
+    df = frame(pga_rows("toy-30", {1: positive_curve()}))
+    info = {"name": "toy-30", "model_type": "llama", "width": 576, "n_blocks": 30,
+            "dtype": "float32", "k": 100, "weights_sha256": "ab" * 32, "host": "box-17",
+            "pid": 4242}
+    page = write_report(tmp_path, df, {"command": "analyze", "models": [info]}).read_text()
+    header = page.split('<header class="top">', 1)[1].split("</header>", 1)[0]
+    facts = header.split('id="table-models"', 1)[1].split("</table>", 1)[0]
+    for want in ("toy-30", "llama", "576", "30", "float32", "100", "abababababababab"):
+        assert f">{want}<" in facts
+    assert "box-17" not in header and "4242" not in header and "{" not in header

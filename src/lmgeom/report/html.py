@@ -414,7 +414,8 @@ def _header(df: pd.DataFrame, manifest: Mapping[str, Any], title: str, toc: list
         models = sorted({m for m in df["model"].astype(str) if m})
     elif isinstance(models, str):
         models = [models]
-    if models:
+    facts = _model_facts(models) if models else ""
+    if models and not facts:
         items.append(("model" if len(models) == 1 else "models",
                       ", ".join(str(m) for m in models)))
     revs = sorted({r for r in df["revision"].astype(str) if r}, key=P.natural_key)
@@ -439,8 +440,37 @@ def _header(df: pd.DataFrame, manifest: Mapping[str, Any], title: str, toc: list
             cmd = " ".join(str(c) for c in cmd)
         dl += f"<dt>command</dt><dd><code>{esc(cmd)}</code></dd>"
     nav = " ".join(f'<a href="#{esc(a)}">{esc(t)}</a>' for a, t in toc)
-    return (f'<header class="top"><h1>{esc(title)}</h1><dl class="meta">{dl}</dl>'
+    return (f'<header class="top"><h1>{esc(title)}</h1>{facts}<dl class="meta">{dl}</dl>'
             f'<nav class="toc">{nav}</nav></header>')
+
+
+#: the model facts the report's header shows (manifest key, column): what the model is, not
+#: where or by which process it ran (host and pid stay in the settings table)
+MODEL_FACTS = (("name", "model"), ("model_type", "family"), ("width", "width d"),
+               ("n_blocks", "blocks"), ("dtype", "dtype"), ("k", "k"),
+               ("weights_sha256", "weights sha256"))
+
+
+def _model_facts(models: Sequence[Any]) -> str:
+    """The header's table of model facts (one row per model), ``""`` when the manifest lists
+    the models by name only."""
+    rows = [m for m in models if isinstance(m, Mapping)]
+    if not rows:
+        return ""
+    cols = [(k, label) for k, label in MODEL_FACTS if any(r.get(k) is not None for r in rows)]
+    head = "".join(f'<th scope="col">{esc(label)}</th>' for _, label in cols)
+
+    def cell(k: str, v: Any) -> str:
+        if v is None:
+            return ""
+        text = str(v)[:16] if k == "weights_sha256" else _text(v)
+        return (f'<code title="{esc(str(v))}">{esc(text)}</code>' if k == "weights_sha256"
+                else esc(text))
+
+    body = "".join("<tr>" + "".join(f"<td>{cell(k, r.get(k))}</td>" for k, _ in cols)
+                   + "</tr>" for r in rows)
+    return (f'<div class="scroll"><table class="models" id="table-models"><thead><tr>{head}'
+            f"</tr></thead><tbody>{body}</tbody></table></div>")
 
 
 def _known_metrics() -> set[str]:
@@ -455,7 +485,8 @@ def _default_title(df: pd.DataFrame, manifest: Mapping[str, Any]) -> str:
     models = manifest.get("models") or sorted({m for m in df["model"].astype(str) if m})
     if isinstance(models, str):
         models = [models]
-    return "lmgeom report" + (": " + ", ".join(str(m) for m in models) if models else "")
+    names = [str(m.get("name", "model")) if isinstance(m, Mapping) else str(m) for m in models]
+    return "lmgeom report" + (": " + ", ".join(names) if names else "")
 
 
 def _reading_section(df: pd.DataFrame, toc: list[tuple[str, str]],
