@@ -265,3 +265,28 @@ def test_p7_leaves_out_layer_pairs_flagged_not_meaningful():
     bad = _conv(0.1, 0.9, -5.0, n=3).assign(flag="k_rank")
     v = R.p7_convergence(pd.concat([df, bad], ignore_index=True), [NARROW, MID], seed=3)
     assert v.verdict == SUPPORTED and v.details["n_layer_pairs"] == 12
+
+
+def test_p2_is_decided_in_two_parts_each_with_its_own_estimate():
+    """P2 joins two conditions: P2.zone (the zone's lowest z below its band) and P2.recovery
+    (the final z above its band) are decided on their own, each with its estimate and
+    interval, and P2's reason names the part that decided it (issue 49)."""
+    assert R.PARTS["P2"] == ("P2.zone", "P2.recovery")
+    both, zone, rec = R.p2_parts(table.frame(profile_rows("narrow", DETOUR[:-1] + [-9.0])),
+                                 [NARROW])
+    assert (both.claim, zone.claim, rec.claim) == ("P2", "P2.zone", "P2.recovery")
+    assert zone.verdict == SUPPORTED and zone.estimate == -8.0 and zone.direction == "<"
+    assert rec.verdict == CONTRADICTED and rec.estimate == -9.0 and rec.direction == ">"
+    assert rec.ci_low == pytest.approx(-9.0 - 2.0) and rec.ci_high == pytest.approx(-9.0 + 2.0)
+    assert both.verdict == CONTRADICTED and both.estimate == zone.estimate
+    assert both.reason.startswith("decided by P2.recovery (P2.zone supported, P2.recovery "
+                                  "contradicted)")
+    # the whole claim is unchanged by the split
+    assert both == R.p2_narrow_collapse(table.frame(profile_rows("narrow", DETOUR[:-1] + [-9.0])),
+                                        [NARROW])
+    ok = R.p2_parts(table.frame(profile_rows("narrow", DETOUR)), [NARROW])
+    assert [v.verdict for v in ok] == [SUPPORTED] * 3 and ok[0].reason.startswith("both parts")
+    none = R.p2_parts(table.frame(profile_rows("narrow", DIRECT)), [NARROW])
+    assert none[1].verdict == CONTRADICTED and "no collapse zone" in none[1].reason
+    assert all(v.verdict == NOT_TESTABLE for v in R.p2_parts(
+        table.frame(profile_rows("wide", DIRECT)), [WIDE]))

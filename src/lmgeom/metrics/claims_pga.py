@@ -101,7 +101,15 @@ STATEMENTS: dict[str, str] = {
     "P8": "probe accuracy stays high in the collapse zone of narrow models (and follows z in "
           "wide ones)",
     "P8.wide": "probe accuracy follows PGA z across layers in models with d >= 2048",
+    "P2.zone": "narrow models (d <= 1024) have a collapse zone: late layers with PGA z below "
+               "its null band",
+    "P2.recovery": "narrow models (d <= 1024) recover at the output: the final layer's PGA z "
+                   "is above its null band",
 }
+
+#: the claims whose statement joins two conditions, and their parts (each part is decided on
+#: its own, with its own estimate and interval; the claim is both parts together)
+PARTS = {"P2": ("P2.zone", "P2.recovery")}
 
 CI_Z = "CI: z null (z minus the null's 97.5/2.5 % points)"
 CI_LAYERS = "CI: bootstrap over layers"
@@ -185,59 +193,96 @@ def p1_wide_stay_positive(df: pd.DataFrame, infos: Sequence[ModelInfo], *,
 
 
 def _p2_call(m: ModelInfo, prof: pd.DataFrame, power: Power | None) -> Call:
+    """One model's P2 call (both parts together; see :func:`_p2_parts`)."""
+    return _p2_parts(m, prof, power)[0]
+
+
+def _p2_parts(m: ModelInfo, prof: pd.DataFrame, power: Power | None
+              ) -> tuple[Call, Call, Call]:
+    """One model's P2 as ``(both, zone, recovery)``: ``zone`` decides "a collapse zone whose
+    lowest z is below its null band" (estimate: that z), ``recovery`` "the final layer's z
+    above its null band" (estimate: the final z), ``both`` their conjunction with the zone's
+    estimate."""
     f = collapse_of(prof)
     fin = prof[prof["layer"] == (f.final_layer or "")]
+    if fin.empty:
+        rec = Call(m, INCONCLUSIVE, math.nan, math.nan, math.nan, "no final layer")
+    else:
+        q = fin.iloc[0]
+        fc = z_of(m, q, ">", power, "final")
+        rec = replace(fc, note=f"final z {q.z:.2f} ("
+                      + ("recovers above its band" if fc.verdict == SUPPORTED else fc.verdict)
+                      + ")" + (f"; {fc.note.split('; ', 1)[1]}" if "; " in fc.note else ""))
     if not f.zones:
         after = prof[prof["layer"].isin(f.after)]
         if after.empty:
             peak = prof[prof["layer"] == f.peak_layer].iloc[0]
             c = z_of(m, peak, ">", power, f"no collapse zone (peak z {f.peak_z:.2f} at the last "
                      f"non-final layer {f.peak_layer})")
-            return replace(c, verdict=UNDERPOWERED if c.verdict == UNDERPOWERED else CONTRADICTED,
-                           estimate=math.nan, ci_low=math.nan, ci_high=math.nan)
+            c = replace(c, verdict=UNDERPOWERED if c.verdict == UNDERPOWERED else CONTRADICTED,
+                        estimate=math.nan, ci_low=math.nan, ci_high=math.nan)
+            return c, c, rec
         k = int(after["z"].to_numpy().argmin())
         c = z_of(m, after.iloc[k], "<", power, f"no collapse zone: lowest z after the peak "
                  f"{after['z'].iloc[k]:.2f} at layer {after['layer'].iloc[k]}")
         if c.verdict == SUPPORTED:  # below its band, but too short for the zone rule
-            return replace(c, verdict=INCONCLUSIVE, note=c.note + " (below its band, but "
-                           "shorter than the zone rule asks)")
-        return c
+            c = replace(c, verdict=INCONCLUSIVE, note=c.note + " (below its band, but "
+                        "shorter than the zone rule asks)")
+        return c, c, rec
     worst = min(f.zones, key=lambda zn: zn.min_z)
     r = prof[prof["layer"] == worst.min_layer].iloc[0]
     zone = z_of(m, r, "<", power, "zone")
-    if fin.empty:
-        v_fin, fin_note = INCONCLUSIVE, "no final layer"
-    else:
-        q = fin.iloc[0]
-        fc = z_of(m, q, ">", power, "final")
-        v_fin = fc.verdict
-        fin_note = (f"final z {q.z:.2f} ({'recovers' if v_fin == SUPPORTED else v_fin})"
-                    + (f"; {fc.note.split('; ', 1)[1]}" if "; " in fc.note else ""))
     zones = ", ".join(f"{zn.layers[0]}-{zn.layers[-1]}" if len(zn.layers) > 1 else zn.layers[0]
                       for zn in f.zones)
     why = zone.note.split("; ", 1)[1] if "; " in zone.note else ""
-    return Call(m, all_of([zone.verdict, v_fin]), float(r.z), zone.ci_low, zone.ci_high,
-                f"collapse zone {zones} (min z {r.z:.2f} at layer {r.layer}, {zone.verdict}"
-                + (f": {why}" if why else "") + f"); {fin_note}",
-                {"zone_layers": [list(zn.layers) for zn in f.zones], **zone.extra})
+    extra = {"zone_layers": [list(zn.layers) for zn in f.zones], **zone.extra}
+    zone_note = (f"collapse zone {zones} (min z {r.z:.2f} at layer {r.layer}, {zone.verdict}"
+                 + (f": {why}" if why else "") + ")")
+    both = Call(m, all_of([zone.verdict, rec.verdict]), float(r.z), zone.ci_low, zone.ci_high,
+                f"{zone_note}; {rec.note}", extra)
+    return both, replace(zone, note=zone_note, extra=extra), rec
 
 
 def p2_narrow_collapse(df: pd.DataFrame, infos: Sequence[ModelInfo], *,
                        powers: Mapping[str, Power] | None = None) -> ClaimVerdict:
     """P2: every model with d <= 1024 has a collapse zone (the regime rule on CCR-1 z) whose
-    lowest z is below its null band, and a final-layer z above its null band."""
+    lowest z is below its null band, and a final-layer z above its null band (both parts:
+    :func:`p2_parts`)."""
+    return p2_parts(df, infos, powers=powers)[0]
+
+
+def p2_parts(df: pd.DataFrame, infos: Sequence[ModelInfo], *,
+             powers: Mapping[str, Power] | None = None) -> list[ClaimVerdict]:
+    """``[P2, P2.zone, P2.recovery]``: the claim joins two conditions, so each is decided on
+    its own (its own estimate, interval and verdict) and P2's reason says which part decided
+    it. P2.zone: the lowest CCR-1 z of the zone below its band; P2.recovery: the final z above
+    its band."""
     narrow = [m for m in infos if m.d <= NARROW_D]
+    qty = {"P2": "min CCR-1 z in the collapse zone", "P2.zone": "min CCR-1 z in the collapse zone",
+           "P2.recovery": "CCR-1 z at the final layer"}
     if not narrow:
-        return not_testable("P2", STATEMENTS["P2"], f"needs d <= {NARROW_D}; "
-                            f"{_widest(infos, 'narrowest')}", models=tuple(infos),
-                            quantity="min CCR-1 z in the collapse zone")
-    calls = []
+        why = f"needs d <= {NARROW_D}; {_widest(infos, 'narrowest')}"
+        return [not_testable(c, STATEMENTS[c], why, models=tuple(infos), quantity=qty[c])
+                for c in ("P2", "P2.zone", "P2.recovery")]
+    parts: list[tuple[Call, Call, Call]] = []
     for m in narrow:
         prof = z_profile(df, m.name)
-        calls.append(_p2_call(m, prof, power_of(df, m, powers)) if not prof.empty
-                     else flagged_out(m, df))
-    return _claim("P2", calls, quantity="min CCR-1 z in the collapse zone", threshold=0.0,
-                  direction="<", ci=CI_Z + "; the final layer must be above its band")
+        if prof.empty:
+            c = flagged_out(m, df)
+            parts.append((c, c, c))
+        else:
+            parts.append(_p2_parts(m, prof, power_of(df, m, powers)))
+    zone = _claim("P2.zone", [p[1] for p in parts], quantity=qty["P2.zone"], threshold=0.0,
+                  direction="<", ci=CI_Z)
+    rec = _claim("P2.recovery", [p[2] for p in parts], quantity=qty["P2.recovery"],
+                 threshold=0.0, direction=">", ci=CI_Z)
+    decided = [c.claim for c in (zone, rec) if c.verdict != SUPPORTED]
+    which = (f"decided by {' and '.join(decided)} (P2.zone {zone.verdict}, P2.recovery "
+             f"{rec.verdict}); " if decided else "both parts supported; ")
+    both = _claim("P2", [p[0] for p in parts], quantity=qty["P2"], threshold=0.0,
+                  direction="<", ci=CI_Z + "; the final layer must be above its band",
+                  prefix=which)
+    return [both, zone, rec]
 
 
 def p4_ccr_restores(df: pd.DataFrame, infos: Sequence[ModelInfo],
@@ -590,7 +635,8 @@ def p7_convergence(conv: pd.DataFrame | None, infos: Sequence[ModelInfo], *, see
 
 
 __all__ = [
-    "NARROW_D", "P4_D", "STATEMENTS", "WIDE_D", "p1_wide_stay_positive", "p2_narrow_collapse",
+    "NARROW_D", "P4_D", "PARTS", "STATEMENTS", "WIDE_D", "p1_wide_stay_positive",
+    "p2_narrow_collapse", "p2_parts",
     "p3_pc1_leaves_readout", "p4_ccr_restores", "p5_spectral_flat", "p6_width_suite",
     "p7_convergence", "p8_probes", "zone_of",
 ]

@@ -200,15 +200,17 @@ def pga_verdicts(m: PgaMeasurements, infos: Sequence[ModelInfo], *, seed: int = 
     df = m.layers
     no_sweep = "the layer sweep did not run"
     for claim, rule in (("P1", lambda d, i: R.p1_wide_stay_positive(d, i, powers=powers)),
-                        ("P2", lambda d, i: R.p2_narrow_collapse(d, i, powers=powers)),
+                        ("P2", lambda d, i: R.p2_parts(d, i, powers=powers)),
                         ("P3", lambda d, i: R.p3_pc1_leaves_readout(d, i, seed=seed,
                                                                     powers=powers)),
                         ("P4", lambda d, i: R.p4_ccr_restores(d, i, powers=powers)),
                         ("P5", lambda d, i: R.p5_spectral_flat(d, i, seed=seed,
                                                                powers=powers))):
         if wanted(claim, only):
-            out.append(rule(df, infos) if df is not None
-                       else not_testable(claim, R.STATEMENTS[claim], no_sweep))
+            got = (rule(df, infos) if df is not None else
+                   [not_testable(c, R.STATEMENTS[c], no_sweep)
+                    for c in (claim, *R.PARTS.get(claim, ()))])
+            out += got if isinstance(got, list) else [got]
     if wanted("P6", only):
         reason = "" if suite is None else "the width suite's sweep gave no rows"
         out.append(R.p6_width_suite(m.suite, m.suite_infos or infos, reason=reason))
