@@ -177,3 +177,17 @@ def test_header_shows_model_facts_not_a_raw_dict(tmp_path):
     for want in ("toy-30", "llama", "576", "30", "float32", "100", "abababababababab"):
         assert f">{want}<" in facts
     assert "box-17" not in header and "4242" not in header and "{" not in header
+
+
+def test_the_pga_table_has_a_how_to_read_box(tmp_path):
+    """Beside the first z table of every report: how to read z, the null band, CCR and the
+    LOW SAMPLE mark (issue 49); a report without PGA rows has no such box."""
+    page = write_report(tmp_path / "a", frame(pga_rows("toy-30", {1: positive_curve()})),
+                        {"command": "analyze"}).read_text()
+    pga = page.split('id="section-pga"', 1)[1].split("</section>", 1)[0]
+    box = pga.split('id="how-to-read-z"', 1)[1].split("</aside>", 1)[0]
+    assert pga.index('id="table-pga"') < pga.index('id="how-to-read-z"')
+    for words in ("null band", "CCR-m", "marked *", "random"):
+        assert words in box
+    other = frame([row(model="m", layer="", metric="dispersion", value=0.4)])
+    assert "how-to-read-z" not in write_report(tmp_path / "b", other, {}).read_text()

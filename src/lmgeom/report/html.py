@@ -143,6 +143,8 @@ dl.meta dt { color: #5b6475; } dl.meta dd { margin: 0; overflow-wrap: anywhere; 
 nav.toc { margin: 14px 0 0; font-size: .92em; } nav.toc a { margin-right: 12px; }
 a { color: #1f5fbf; }
 p.intro { color: #4a5365; font-size: .93em; margin: 4px 0 10px; }
+aside.how-to-read { background: #f4f6fa; border-left: 3px solid #7a8aa6; padding: 6px 10px;
+  margin: 10px 0; font-size: .9em; color: #333a48; }
 ul.reading { background: #eef3fb; border-left: 4px solid #1f77b4; padding: 10px 14px 10px 30px;
              margin: 8px 0 14px; }
 ul.reading li { margin: 2px 0; }
@@ -506,6 +508,21 @@ def _reading_section(df: pd.DataFrame, toc: list[tuple[str, str]],
               "shaded in the table below.</p></section>"]
 
 
+#: the "how to read this" box under the first z table of every report (the same reading as the
+#: site's "How to read a z table", concepts page; plain text: the page links nowhere outside)
+HOW_TO_READ_Z = (
+    '<aside class="how-to-read" id="how-to-read-z"><strong>How to read this table.</strong> '
+    "Each z compares how well the readout's top-k subspace keeps the layer's pairwise distances "
+    "with how well random k-dimensional subspaces keep them, in units of the random subspaces' "
+    "spread. A z inside the null band (about &plusmn;2; the shaded band of the plot) decides "
+    "nothing; z clearly above it: the layer's geometry is organised for the readout; clearly "
+    "below it: random directions keep the geometry better (a collapse zone when this happens "
+    "in late, non-final layers). CCR-m: the same after removing the top m principal components "
+    "(anisotropy correction). At small n add the text-sampling error (about "
+    "&plusmn;2/&radic;(n/64) more). A cell marked * rests on too little data (its flag says "
+    "why): read it as an indication, not a result.</aside>")
+
+
 def _layer_sections(df: pd.DataFrame, out: Path, toc: list[tuple[str, str]]) -> list[str]:
     """One section per entry of :data:`SECTIONS` with data: plot, reading, table."""
     zones = {(f.model, f.revision): f.zone_layers for f in pga_findings(df)}
@@ -524,6 +541,7 @@ def _layer_sections(df: pd.DataFrame, out: Path, toc: list[tuple[str, str]]) -> 
         parts.append(layer_table(df, sec.table, f"table-{sec.key}", by_setting=sec.by_setting,
                                  highlight=zones if sec.key in ("pga", "pc1") else None))
         if sec.key == "pga":
+            parts.append(HOW_TO_READ_Z)
             null = layer_table(df, PGA_NULL_METRICS, "table-pga-null", by_setting=True,
                                highlight=zones)
             if null:
