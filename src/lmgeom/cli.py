@@ -145,12 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageExit as exc:
         return int(exc.code or 2)
     level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
     log = logging.getLogger(__name__)
     prog = _prog(args)
+    _configure_logging(level, prog)
     try:
         apply_model_args(args)
         validate_args(args)  # before any work: environment, devices, optional packages
@@ -189,6 +189,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: error: unexpected {type(exc).__name__}: {_one_line(exc, 300)} (this is a "
               f"bug in lmgeom or an unsupported input; {where})", file=sys.stderr)
         return 1
+
+
+class _CliLogFormat(logging.Formatter):
+    """A CLI run's log lines: a warning as the one line every command prints,
+    ``lmgeom CMD: warning: ...`` (the same format as :func:`_warning_format`), whichever module
+    logged it; ``-v`` / ``-vv`` lines as ``LEVEL logger: message``."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__("%(levelname)s %(name)s: %(message)s")
+        self.prog = prog
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno == logging.WARNING:
+            return f"{self.prog}: warning: {_one_line(record.getMessage())}"
+        return super().format(record)
+
+
+class _OncePerRun(logging.Filter):
+    """Each warning line once per run (a warning logged per batch or per layer says nothing
+    new the second time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        key = f"{record.name}:{record.getMessage()}"
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+def _configure_logging(level: int, prog: str) -> None:
+    """The root logger's level and, unless someone else (an embedding program, pytest's log
+    capture) already handles records, one stderr handler in the CLI's format. Replaces the
+    handler an earlier :func:`main` call in this process added (its ``prog`` was another)."""
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if getattr(h, "lmgeom_cli", False)]:
+        root.removeHandler(h)
+    if root.handlers:  # as logging.basicConfig: leave a configured root alone
+        return
+    root.setLevel(level)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_CliLogFormat(prog))
+    handler.addFilter(_OncePerRun())
+    handler.lmgeom_cli = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
 
 
 def _warning_format(prog: str):

@@ -278,3 +278,32 @@ def test_flag_codes_name_their_floor():
                         ("small_class", S.MIN_PROBE_CLASS)):
         assert str(floor) in S.describe_flag(code)
     assert S.corr_flag(S.MIN_CORR_POINTS - 1) == "few_points" and S.corr_flag(10) == ""
+
+
+def test_cli_log_warnings_are_one_line_in_the_common_format_once(capsys):
+    """Under the CLI every warning a module logs reads ``lmgeom CMD: warning: ...`` on one line
+    (the format of the LowSampleWarnings), and a repeated one is said once per run (issue 49)."""
+    import logging
+
+    from lmgeom import cli
+
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    for h in saved:
+        root.removeHandler(h)
+    try:
+        cli._configure_logging(logging.WARNING, "lmgeom hardness")
+        log = logging.getLogger("lmgeom.activations.core")
+        for _ in range(3):
+            log.warning("texts are cut\nat 128")
+        log.info("not shown")
+        cli._configure_logging(logging.WARNING, "lmgeom dispersion")  # a second main() call
+        log.warning("another")
+        assert capsys.readouterr().err.splitlines() == [
+            "lmgeom hardness: warning: texts are cut at 128",
+            "lmgeom dispersion: warning: another"]
+    finally:
+        for h in [h for h in root.handlers if getattr(h, "lmgeom_cli", False)]:
+            root.removeHandler(h)
+        for h in saved:
+            root.addHandler(h)
