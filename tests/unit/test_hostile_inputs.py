@@ -467,7 +467,7 @@ def test_readme_checks_table_names_real_tests():
     files = {"bad": "test_bad_input.py", "hostile": "test_hostile_inputs.py",
              "h-texts": "test_hostile_texts.py", "h-cli": "test_hostile_cli.py",
              "h-stats": "test_hostile_stats.py", "faults": "test_faults.py",
-             "rel": "test_reliability.py", "ray": "test_ray_cluster.py"}
+             "rel": "test_reliability.py", "ray": "test_ray_cluster.py", "trust": "test_trust.py"}
     rows = [ln for ln in section.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
     assert len(rows) >= 30
     for row in rows:

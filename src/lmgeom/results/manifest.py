@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 import sys
+from importlib import metadata
 from typing import Any
-
 
 #: the packages a manifest records, by import name and distribution name
 PACKAGES = (("lmgeom", "lmgeom"), ("torch", "torch"), ("transformers", "transformers"),
@@ -18,8 +18,6 @@ def versions() -> dict[str, str]:
     """Python, platform and package versions. A package the run imported reports its
     ``__version__``; one it did not is read from its installed metadata rather than imported
     (importing scikit-learn and transformers only to read a version cost seconds per run)."""
-    from importlib import metadata
-
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
     for mod, dist in PACKAGES:
         if mod in sys.modules:
