@@ -90,5 +90,11 @@ html_theme_options = {
     "footer_end": ["sphinx-version"],
     "navbar_end": ["theme-switcher", "navbar-icon-links"],
 }
+# the user pages rank before the API reference in the search (docs/_static/scorer.js)
+html_search_scorer = str(ROOT / "docs" / "_static" / "scorer.js")
+html_css_files = ["lmgeom.css"]
+# the left sidebar lists a section's sub-pages: only the API reference has any, so it is shown
+# there and left out elsewhere (it was an empty "Section Navigation" box on every other page)
+html_sidebars = {"*": [], "api/**": ["sidebar-nav-bs"]}
 html_show_sourcelink = False
 html_copy_source = False

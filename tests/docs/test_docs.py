@@ -18,7 +18,8 @@ from conftest import CHROME_ARGS, CHROMIUM
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-PAGES = ("getting-started", "tour", "claims", "python-api", "monitoring", "commands", "caching",
+PAGES = ("getting-started", "concepts", "tour", "claims", "python-api", "own-data", "monitoring",
+         "commands", "caching",
          "outputs", "checkpoints", "cluster", "checks", "METHODS", "design", "api/index")
 
 pytest.importorskip("sphinx", reason="the docs extra is not installed (pip install -e '.[docs]')")
@@ -108,16 +109,27 @@ def _serve(folder: Path):
     return server
 
 
-def _search(page, start: str) -> list[str]:
+def _search(page, start: str, query: str = "subspace_pga") -> list[str]:
     """Type a query into the theme's search field (opened with Ctrl+K) and return the hits."""
     page.goto(start, wait_until="load", timeout=60_000)
     page.keyboard.press("Control+k")
     box = page.locator("input[name=q]:visible").first
-    box.fill("subspace_pga")
+    box.fill(query)
     box.press("Enter")
-    page.wait_for_url("**/search.html?q=subspace_pga*", timeout=60_000)
+    page.wait_for_url(f"**/search.html?q={query}*", timeout=60_000)
     page.wait_for_selector("#search-results li", timeout=60_000)
     return page.locator("#search-results li a").all_inner_texts()
+
+
+#: JS: for each table of the page's article, how far its content reaches past what its box
+#: shows (px; > 0: columns hidden behind a scroll bar)
+HIDDEN_TABLE_PX = """() => Array.from(document.querySelectorAll('.bd-article table')).map(
+    t => t.scrollWidth - t.parentElement.clientWidth)"""
+
+#: JS: the links the visible left sidebar holds (-1: no visible left sidebar)
+SIDEBAR_LINKS = """() => { const s = document.querySelector('.bd-sidebar-primary');
+    if (!s || s.getBoundingClientRect().width < 2) return -1;
+    return s.querySelectorAll('nav a').length; }"""
 
 
 @pytest.mark.browser
@@ -153,6 +165,15 @@ def test_site_in_headless_chromium_offline(site):
                 assert page.locator('[id="lmgeom.metrics.subspace_pga"]').count() == 1
                 hits = _search(page, f"{base}/index.html")
                 page.wait_for_selector("#search-results li p.context", timeout=60_000)
+                # user pages rank before the API reference
+                _search(page, f"{base}/index.html", "dispersion")
+                first = page.locator("#search-results li a").first.get_attribute("href")
+                # wide tables show every column at 1280 px; the left sidebar is useful or gone
+                hidden, sidebars = {}, {}
+                for name in ("getting-started", "checks", "claims", "tour"):
+                    page.goto(f"{base}/{name}.html", wait_until="load")
+                    hidden[name] = [px for px in page.evaluate(HIDDEN_TABLE_PX) if px > 2]
+                    sidebars[name] = page.evaluate(SIDEBAR_LINKS)
                 served_errors = list(errors)
                 file_hits = _search(browser.new_page(), (site / "index.html").as_uri())
             finally:
@@ -166,5 +187,8 @@ def test_site_in_headless_chromium_offline(site):
     assert served_errors == []
     assert any("subspace_pga" in h for h in hits), hits
     assert any("subspace_pga" in h for h in file_hits), file_hits
+    assert first is not None and not first.startswith(("api/", "/api/")), first
+    assert all(not v for v in hidden.values()), f"columns hidden at 1280 px: {hidden}"
+    assert all(v != 0 for v in sidebars.values()), f"an empty left sidebar: {sidebars}"
     outside = [u for u in requests if not u.startswith((base, "file:", "data:"))]
     assert outside == []

@@ -39,7 +39,9 @@ from matplotlib.patches import Patch
 
 from .._io import atomic_path
 from ..errors import ConfigError, DataError
+from ..metrics.pga import PGAResult
 from ..metrics.regime import natural_key
+from ..results import table as results_table
 from ..results.table import COLUMNS
 
 log = logging.getLogger(__name__)
@@ -555,4 +557,90 @@ def plot_probes(df: pd.DataFrame, out_dir: str | os.PathLike[str], stem: str = "
         df, [("probe_acc", "probe_baseline"), "pga_z"], out_dir, stem,
         title="Linear probes vs Subspace PGA", zero_line={"pga_z"}, bands=PGA_BAND,
         ylabels={"probe_acc": "probe accuracy", "pga_z": "PGA z"},
+    )
+
+
+# --------------------------------------------------------------------------- arrays in hand
+
+
+def plot_pga_by_layer(
+    results: Mapping[Any, Any],
+    out_dir: str | os.PathLike[str],
+    stem: str = "pga",
+    *,
+    model: str = "",
+    title: str = "Subspace PGA: z per layer",
+) -> list[Path]:
+    """Plot Subspace PGA z per layer from results computed on states you hold yourself.
+
+    The figure :func:`plot_pga` draws for a run folder (one line per CCR level, the 0 line and
+    each level's null band), for the :class:`~lmgeom.metrics.PGAResult` values that
+    :func:`~lmgeom.metrics.subspace_pga` or :func:`~lmgeom.metrics.subspace_pga_levels` return
+    on numpy / torch arrays, with no results table to build::
+
+        z = {layer: M.subspace_pga_levels(X, basis, ccr=(0, 1)) for layer, X in states.items()}
+        plot_pga_by_layer(z, "plots")            # plots/pga.png and plots/pga.svg
+
+    Args:
+        results: layer label -> that layer's result: one ``PGAResult``, a sequence of them, or
+            the ``{m: PGAResult}`` dict of ``subspace_pga_levels`` (one line per CCR level
+            ``m``; at most one result per level and layer). Layers are drawn in the mapping's
+            order: a label that is an integer (``"0"``, ``12``) at that position of the layer
+            axis, any other label (``"final"``) one step after the label before it.
+        out_dir: folder for the files (created when missing).
+        stem: file name without extension.
+        model: panel title (e.g. the model's name); ``""`` for none.
+        title: figure title.
+
+    Returns:
+        ``[png, svg]``: the paths written, ``out_dir/stem.png`` and ``out_dir/stem.svg``.
+
+    Raises:
+        ConfigError: ``results`` is empty, a value is not a PGA result, a layer has two
+            results for the same CCR level, or the layers are out of order (an integer label
+            at or before the position of the one before it).
+    """
+    if not isinstance(results, Mapping) or not results:
+        raise ConfigError(
+            "results must be a non-empty mapping layer -> PGAResult (or a list / dict of them, "
+            "one per CCR level), e.g. {'0': M.subspace_pga(X0, basis), ...}"
+        )
+    rows: list[dict[str, Any]] = []
+    position = -1
+    for key, value in results.items():
+        label = str(key)
+        head, _, point = label.partition(".")
+        previous, position = position, int(head) if head.isdecimal() else position + 1
+        if position < previous or (position == previous and not point):
+            raise ConfigError(
+                f"layer {label} comes after a layer at or beyond position {previous}: give the "
+                "layers in their order along the model ('0', '1', ..., 'final')"
+            )
+        if isinstance(value, Mapping):
+            per_level = list(value.values())
+        elif isinstance(value, Sequence) and not isinstance(value, str):
+            per_level = list(value)
+        else:
+            per_level = [value]
+        seen: set[int] = set()
+        for res in per_level:
+            if not isinstance(res, PGAResult):
+                raise ConfigError(
+                    f"layer {label}: expected a PGAResult (from lmgeom.metrics.subspace_pga), "
+                    f"got {type(res).__name__}"
+                )
+            if res.ccr in seen:
+                raise ConfigError(
+                    f"layer {label}: two results for CCR-{res.ccr}; give one per level"
+                )
+            seen.add(res.ccr)
+            common = {"model": model, "layer": label, "layer_index": position,
+                      "setting": f"ccr={res.ccr}", "seed": res.seed, "n": res.n,
+                      "flag": ";".join(res.flags)}
+            rows += [results_table.row(metric=metric, value=getattr(res, attr), **common)
+                     for metric, attr in (("pga_z", "z"), ("null_z_low", "null_z_low"),
+                                          ("null_z_high", "null_z_high"))]
+    return plot_metric_by_layer(
+        results_table.frame(rows), ["pga_z"], out_dir, stem, title=title,
+        zero_line=True, bands=PGA_BAND, ylabels={"pga_z": "PGA z"},
     )
