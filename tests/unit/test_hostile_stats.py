@@ -177,7 +177,8 @@ def test_documented_minimums():
     assert (S.MIN_ROWS_HARD, S.MIN_ROWS, S.MIN_NULL_HARD, S.MIN_NULL) == (4, 10, 2, 20)
     assert (S.MIN_PAIRS_HARD, S.MIN_PAIRS) == (10, 1000)
     assert set(S.FLAG_CODES) == {"low_n", "few_distinct", "low_null", "low_pairs", "k_rank",
-                                 "few_points"}
+                                 "few_points", "few_tokens", "small_class", "small_quantile"}
+    assert (S.MIN_QUANTILE_TEXTS, S.MIN_EVAL_TOKENS, S.MIN_PROBE_CLASS) == (5, 1000, 10)
     assert S.MIN_CORR_POINTS == 10 and "10" in S.describe_flag("few_points")
     assert "10" in S.describe_flag("low_n") and S.describe_flag("zzz") == "zzz"
 

@@ -307,3 +307,19 @@ def test_cli_log_warnings_are_one_line_in_the_common_format_once(capsys):
             root.removeHandler(h)
         for h in saved:
             root.addHandler(h)
+
+
+def test_low_sample_warnings_point_at_the_users_line():
+    """A LowSampleWarning from deep inside lmgeom is attributed to the user's own call (this
+    file), not to a library line, so Python's filter shows it once per user line (issue 49)."""
+    import warnings
+
+    from lmgeom.errors import LowSampleWarning
+
+    rng = np.random.default_rng(0)
+    X, W = rng.normal(size=(8, 16)), rng.normal(size=(50, 16))
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        M.subspace_pga(X, M.readout_basis(W, k=4), ccr=0, n_null=10, seed=0)
+    low = [w for w in got if issubclass(w.category, LowSampleWarning)]
+    assert low and all(w.filename == __file__ for w in low), [(w.filename, w.lineno) for w in low]

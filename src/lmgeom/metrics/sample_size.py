@@ -55,8 +55,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import warnings
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 import scipy.linalg
@@ -212,8 +214,23 @@ class FlaggedResult:
 
 
 def warn_low_sample(message: str, *, stacklevel: int = 2) -> None:
-    """Emit ``message`` as a :class:`~lmgeom.errors.LowSampleWarning`."""
-    warnings.warn(message, LowSampleWarning, stacklevel=stacklevel + 1)
+    """Emit ``message`` as a :class:`~lmgeom.errors.LowSampleWarning`, attributed to the
+    user's own line: the first caller outside the lmgeom package (``stacklevel`` is only the
+    fallback when the whole stack is lmgeom's, e.g. a worker thread). Python's default filter
+    then shows a warning once per line of the user's code, not once per library line."""
+    warnings.warn(message, LowSampleWarning, stacklevel=_user_stacklevel(stacklevel + 1))
+
+
+def _user_stacklevel(fallback: int) -> int:
+    """The ``stacklevel`` (counted from the caller of this function) of the first frame
+    outside the lmgeom package; ``fallback`` when there is none."""
+    package = str(Path(__file__).resolve().parents[1])
+    frame, level = sys._getframe(2), 2  # level 1 is warn_low_sample itself
+    while frame is not None:
+        if not str(Path(frame.f_code.co_filename).resolve()).startswith(package):
+            return level
+        frame, level = frame.f_back, level + 1
+    return fallback
 
 
 def _prefix(label: str | None) -> str:
