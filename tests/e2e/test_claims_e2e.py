@@ -72,7 +72,7 @@ def test_claims_on_smollm2(tmp_path):
 
 def test_only_runs_a_subset(tmp_path):
     _, df = _run(tmp_path, ["smollm2-135m"], ["--only", "P2,P6"])
-    assert list(df["claim"]) == ["P2", "P6"]
+    assert list(df["claim"]) == ["P2", "P2.zone", "P2.recovery", "P6"]
 
 
 @pytest.mark.skipif(not BUNDLED.get("qwen2.5-coder-0.5b") or
@@ -80,7 +80,7 @@ def test_only_runs_a_subset(tmp_path):
                     reason="qwen2.5-coder-0.5b is not installed (make models)")
 def test_claims_on_smollm2_and_qwen(tmp_path):
     out, df = _run(tmp_path, ["smollm2-135m", "qwen2.5-coder-0.5b"], ["--only", "P1,P4,P7"])
-    assert list(df["claim"]) == ["P1", "P4", "P7"]
+    assert list(df["claim"]) == ["P1", "P4", "P7", "P7.full", "P7.random"]
     by = df.set_index("claim")
     assert "d = 896" in by.loc["P1", "reason"]
     # d = 896 >= 768: P4 is measured on the qwen model only; P7 on the pair

@@ -34,7 +34,7 @@ def test_one_run_decides_every_rung_from_one_forward_pass(tmp_path):
     top = pd.read_parquet(out / "claims.parquet").set_index("claim")
     lad = pd.read_parquet(out / "claims_ladder.parquet")
     assert sorted(lad.n_texts.unique()) == [24, 48]
-    assert set(lad.claim) == {"P2", "P5"}
+    assert set(lad.claim) == {"P2", "P2.zone", "P2.recovery", "P5"}
     at48 = lad[lad.n_texts == 48].set_index("claim")
     at24 = lad[lad.n_texts == 24].set_index("claim")
     for c in ("P2", "P5"):  # the headline is the largest n's verdict, or unstable if it moved

@@ -68,7 +68,7 @@ def test_an_all_flagged_model_beside_a_good_one(tiny_dir, tmp_path):
               "--ccr", "0,1", "--only", "P2,P3,P5", *QUICK, "--out", str(out)])
     assert r.returncode == 0, r.stderr
     df = pd.read_parquet(out / "claims.parquet").set_index("claim")
-    assert set(df.index) == {"P2", "P3", "P5"}
+    assert set(df.index) == {"P2", "P2.zone", "P2.recovery", "P3", "P5"}
     assert (out / "report.html").is_file()
     man = json.loads((out / "manifest.json").read_text())
     p2 = man["claims"]["P2"]["details"]

@@ -290,3 +290,21 @@ def test_p2_is_decided_in_two_parts_each_with_its_own_estimate():
     assert none[1].verdict == CONTRADICTED and "no collapse zone" in none[1].reason
     assert all(v.verdict == NOT_TESTABLE for v in R.p2_parts(
         table.frame(profile_rows("wide", DIRECT)), [WIDE]))
+
+
+def test_p7_is_decided_in_two_parts():
+    """P7 joins "higher than in the full spaces" and "higher than in random spaces": each part
+    has its own estimate and interval; above the full space but not above random frames
+    makes P7.full supported, P7.random contradicted and P7 contradicted by P7.random."""
+    assert R.PARTS["P7"] == ("P7.full", "P7.random")
+    two = [NARROW, MID]
+    both, full, rand = R.p7_parts(_conv(0.6, 0.4, 0.0), two, seed=3)
+    assert (both.claim, full.claim, rand.claim) == ("P7", "P7.full", "P7.random")
+    assert full.verdict == SUPPORTED and full.estimate == pytest.approx(0.2, abs=0.02)
+    assert rand.verdict == CONTRADICTED and rand.threshold == pytest.approx(1.96)
+    assert rand.estimate == pytest.approx(0.0, abs=0.05) and rand.ci_low <= rand.ci_high
+    assert both.verdict == CONTRADICTED and both.reason.startswith("decided by P7.random")
+    assert both == R.p7_convergence(_conv(0.6, 0.4, 0.0), two, seed=3)
+    ok = R.p7_parts(_conv(0.6, 0.4, 6.0), two, seed=3)
+    assert [v.verdict for v in ok] == [SUPPORTED] * 3
+    assert all(v.verdict == NOT_TESTABLE for v in R.p7_parts(None, [NARROW]))

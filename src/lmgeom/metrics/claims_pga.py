@@ -105,11 +105,15 @@ STATEMENTS: dict[str, str] = {
                "its null band",
     "P2.recovery": "narrow models (d <= 1024) recover at the output: the final layer's PGA z "
                    "is above its null band",
+    "P7.full": "cross-model agreement of distances is higher in the readout spaces than in the "
+               "full spaces",
+    "P7.random": "cross-model agreement of distances is higher in the readout spaces than in "
+                 "random spaces of the same size",
 }
 
 #: the claims whose statement joins two conditions, and their parts (each part is decided on
 #: its own, with its own estimate and interval; the claim is both parts together)
-PARTS = {"P2": ("P2.zone", "P2.recovery")}
+PARTS = {"P2": ("P2.zone", "P2.recovery"), "P7": ("P7.full", "P7.random")}
 
 CI_Z = "CI: z null (z minus the null's 97.5/2.5 % points)"
 CI_LAYERS = "CI: bootstrap over layers"
@@ -597,20 +601,33 @@ def p7_convergence(conv: pd.DataFrame | None, infos: Sequence[ModelInfo], *, see
                    ) -> ClaimVerdict:
     """P7 on a ``converge`` table: over every model pair's matched layers, the mean of
     ``conv_readout - conv_full`` is above 0 and the mean null z of ``conv_readout`` is above
-    1.96 (both with a bootstrap over the matched layer pairs); both must hold. Pairs flagged
-    ``k_rank`` are left out."""
+    1.96 (both with a bootstrap over the matched layer pairs); both must hold (the parts:
+    :func:`p7_parts`). Pairs flagged ``k_rank`` are left out."""
+    return p7_parts(conv, infos, seed=seed)[0]
+
+
+def p7_parts(conv: pd.DataFrame | None, infos: Sequence[ModelInfo], *, seed: int = 0
+             ) -> list[ClaimVerdict]:
+    """``[P7, P7.full, P7.random]``: P7 joins two conditions, each decided on its own (its own
+    estimate and interval): P7.full, readout minus full agreement above 0; P7.random, the mean
+    z of the readout agreement against random k-frames above 1.96. P7's row keeps P7.full's
+    estimate and its reason says which part decided it."""
     q = "mean Spearman(D_A, D_B) readout minus full over matched layers"
+    q_z = "mean z of Spearman(D_A, D_B) readout vs random k-frames over matched layers"
     if conv is None or conv.empty or len(infos) < 2:
-        return not_testable("P7", STATEMENTS["P7"], "needs at least two models on the same "
-                            "texts", models=tuple(infos), quantity=q)
+        why = "needs at least two models on the same texts"
+        return [not_testable(c, STATEMENTS[c], why, models=tuple(infos), quantity=qq)
+                for c, qq in (("P7", q), ("P7.full", q), ("P7.random", q_z))]
     if "flag" in conv.columns:  # layer pairs where z is not meaningful (k_rank): no evidence
         conv = conv[~conv["flag"].astype(str).str.contains(NOT_MEANINGFUL, regex=False)]
     wide = conv.pivot_table(index=["model", "layer_index", "setting"], columns="metric",
                             values="value", aggfunc="first").reset_index()
-    wide = wide.dropna(subset=["conv_full", "conv_readout", "conv_z"])
+    needed = ["conv_full", "conv_readout", "conv_z"]
+    wide = wide.dropna(subset=needed) if set(needed) <= set(wide.columns) else wide.iloc[:0]
     if wide.empty:
-        return not_testable("P7", STATEMENTS["P7"], "no finite convergence rows", quantity=q,
-                            models=tuple(infos))
+        why = "no finite convergence rows"
+        return [not_testable(c, STATEMENTS[c], why, quantity=qq, models=tuple(infos))
+                for c, qq in (("P7", q), ("P7.full", q), ("P7.random", q_z))]
     diff = (wide["conv_readout"] - wide["conv_full"]).to_numpy(dtype=float)
     z = wide["conv_z"].to_numpy(dtype=float)
     lo_d, hi_d = bootstrap_ci(diff, np.mean, seed=seed)
@@ -620,23 +637,38 @@ def p7_convergence(conv: pd.DataFrame | None, infos: Sequence[ModelInfo], *, see
     n_pairs = wide[["model", "setting"]].assign(
         vs=wide["setting"].astype(str).str.extract(r"vs=([^;]*)")[0])[["model", "vs"]]
     n_pairs = len(n_pairs.drop_duplicates())
-    return ClaimVerdict(
-        claim="P7", statement=STATEMENTS["P7"], verdict=all_of([v_full, v_null]),
-        reason=(f"{len(diff)} matched layer pairs over {n_pairs} model pairs: readout - full "
-                f"{diff.mean():+.3f} [{lo_d:+.3f}, {hi_d:+.3f}] ({v_full}); readout vs random "
-                f"k-frames mean z {z.mean():.2f} [{lo_z:.2f}, {hi_z:.2f}] vs {P7_MIN_Z} "
-                f"({v_null}); {CI_LAYERS} (seed {seed})"
-                + (f"; {too_few_points(len(diff), 'layer pairs')}"
-                   if too_few_points(len(diff)) else "")),
+    few = (f"; {too_few_points(len(diff), 'layer pairs')}" if too_few_points(len(diff)) else "")
+    over = f"{len(diff)} matched layer pairs over {n_pairs} model pairs"
+    part_full = (f"readout - full {diff.mean():+.3f} [{lo_d:+.3f}, {hi_d:+.3f}] ({v_full})")
+    part_null = (f"readout vs random k-frames mean z {z.mean():.2f} [{lo_z:.2f}, {hi_z:.2f}] vs "
+                 f"{P7_MIN_Z} ({v_null})")
+    verdict = all_of([v_full, v_null])
+    decided = [c for c, v in (("P7.full", v_full), ("P7.random", v_null)) if v != SUPPORTED]
+    which = (f"decided by {' and '.join(decided)}; " if decided and verdict != SUPPORTED
+             else "both parts supported; " if verdict == SUPPORTED else "")
+    common = {"models": tuple(infos), "seed": seed, "direction": ">"}
+    both = ClaimVerdict(
+        claim="P7", statement=STATEMENTS["P7"], verdict=verdict,
+        reason=f"{which}{over}: {part_full}; {part_null}; {CI_LAYERS} (seed {seed}){few}",
         quantity=q, estimate=float(diff.mean()), ci_low=lo_d, ci_high=hi_d, threshold=0.0,
-        direction=">", models=tuple(infos), seed=seed,
         details={"mean_z": float(z.mean()), "z_ci": [lo_z, hi_z], "full_verdict": v_full,
-                 "null_verdict": v_null, "n_layer_pairs": int(len(diff))})
+                 "null_verdict": v_null, "n_layer_pairs": int(len(diff))}, **common)
+    full = ClaimVerdict(
+        claim="P7.full", statement=STATEMENTS["P7.full"], verdict=v_full,
+        reason=f"{over}: {part_full}; {CI_LAYERS} (seed {seed}){few}", quantity=q,
+        estimate=float(diff.mean()), ci_low=lo_d, ci_high=hi_d, threshold=0.0,
+        details={"n_layer_pairs": int(len(diff))}, **common)
+    rand = ClaimVerdict(
+        claim="P7.random", statement=STATEMENTS["P7.random"], verdict=v_null,
+        reason=f"{over}: {part_null}; {CI_LAYERS} (seed {seed}){few}", quantity=q_z,
+        estimate=float(z.mean()), ci_low=lo_z, ci_high=hi_z, threshold=P7_MIN_Z,
+        details={"n_layer_pairs": int(len(diff))}, **common)
+    return [both, full, rand]
 
 
 __all__ = [
     "NARROW_D", "P4_D", "PARTS", "STATEMENTS", "WIDE_D", "p1_wide_stay_positive",
     "p2_narrow_collapse", "p2_parts",
     "p3_pc1_leaves_readout", "p4_ccr_restores", "p5_spectral_flat", "p6_width_suite",
-    "p7_convergence", "p8_probes", "zone_of",
+    "p7_convergence", "p7_parts", "p8_probes", "zone_of",
 ]

@@ -215,7 +215,7 @@ def pga_verdicts(m: PgaMeasurements, infos: Sequence[ModelInfo], *, seed: int = 
         reason = "" if suite is None else "the width suite's sweep gave no rows"
         out.append(R.p6_width_suite(m.suite, m.suite_infos or infos, reason=reason))
     if wanted("P7", only):
-        out.append(R.p7_convergence(m.converge, infos, seed=seed))
+        out += R.p7_parts(m.converge, infos, seed=seed)
     if wanted("P8", only):
         out += (R.p8_probes(df, infos, seed=seed, powers=powers) if df is not None
                 else [not_testable(c, R.STATEMENTS[c], no_sweep) for c in ("P8", "P8.wide")])
