@@ -26,7 +26,7 @@ from lmgeom.metrics.claims import (
 
 
 @pytest.mark.slow
-def test_one_run_decides_every_rung_from_one_forward_pass(tmp_path):
+def test_one_run_decides_every_rung_from_one_forward_pass(tmp_path, capsys):
     out = tmp_path / "lad"
     rc = main(["claims", "--model", "smollm2-135m", "--n-ladder", "24,48", "--only", "P2,P5",
                "--n-null", "20", "--quiet", "--out", str(out)])
@@ -53,3 +53,15 @@ def test_one_run_decides_every_rung_from_one_forward_pass(tmp_path):
     assert "pga.sweep.ladder_s[smollm2-135m]" in tm
     assert len(man["loaded_models"]) == 1  # one extraction; the rung was sliced from it
 
+    # the same n on its own: the same texts (the rung's), the same k, the same verdicts
+    alone = tmp_path / "alone"
+    capsys.readouterr()
+    rc = main(["claims", "--model", "smollm2-135m", "--n", "24", "--only", "P2,P5",
+               "--n-null", "20", "--quiet", "--out", str(alone)])
+    assert rc == 0, capsys.readouterr().err
+    one = pd.read_parquet(alone / "claims.parquet").set_index("claim")
+    assert set(one.index) == set(at24.index)
+    for c in one.index:
+        assert one.loc[c, "verdict"] == at24.loc[c, "verdict"], (c, one.loc[c, "reason"],
+                                                                   at24.loc[c, "reason"])
+    assert json.loads((alone / "manifest.json").read_text())["readout_k"]["k"] == 12

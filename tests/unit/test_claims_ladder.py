@@ -25,7 +25,9 @@ from lmgeom.metrics.claims import (
     UNSTABLE,
     ClaimVerdict,
     ModelInfo,
+    Power,
     mark_unstable,
+    z_call,
 )
 from lmgeom.metrics.claims_profile import ladder_powers
 from lmgeom.results import table
@@ -132,3 +134,42 @@ def test_bad_ladders_are_refused_before_any_work(tmp_path, capsys):
         assert needle in err and "Traceback" not in err, err
         assert not out.exists()
 
+
+
+def test_an_n_on_its_own_loads_the_texts_of_its_rung():
+    """``within`` (what ``claims`` sets: 256): the n texts are the nested subset of the seeded
+    sample of 256, so ``--n 24`` and ``--n 48`` load exactly the texts of the 24 and 48 rungs of
+    a ladder topped at 48 or at 256; the 256 sample itself is the plain seeded sample (the
+    n = 256 results do not move); without ``within`` the ladder is as before."""
+    from dataclasses import replace
+
+    from lmgeom.experiments import TextOptions
+    from lmgeom.experiments.claims import ClaimsConfig
+
+    opts = TextOptions(n=48, seed=0, within=256)
+    ts48, ts24 = opts.load(), replace(opts, n=24).load()
+    assert len(ts48) == 48 and len(ts24) == 24 and set(ts24.ids) < set(ts48.ids)
+    assert ts48.subset(opts.nested_picks(ts48, [24])[24]).ids == ts24.ids
+    top = replace(opts, n=256)
+    ts256 = top.load()
+    assert ts256.ids == TextOptions(n=256, seed=0).load().ids
+    picks = top.nested_picks(ts256, [24, 48])
+    assert ts256.subset(picks[24]).ids == ts24.ids and ts256.subset(picks[48]).ids == ts48.ids
+    plain = TextOptions(n=256, seed=0)
+    got = plain.nested_picks(ts256, [24, 48])
+    want = nested_sample_indices(256, [24, 48], labels=ts256.labels, seed=0)
+    assert all(np.array_equal(got[m], want[m]) for m in (24, 48))
+    assert ClaimsConfig(models=("smollm2-135m",), texts=TextOptions(n=64)).texts.within == 256
+    assert ClaimsConfig(models=("smollm2-135m",), texts=TextOptions(n=512)).texts.within == 512
+
+
+def test_the_decision_at_n_does_not_depend_on_a_measured_growth():
+    """Whether an effect of the papers' size is visible at n uses the assumed growth, so a
+    rung whose ladder measured a steep growth decides as the same n run on its own does; the
+    measured growth only moves the "needs n" figure."""
+    assumed = Power(64)
+    steep = Power(64, growth=1.0, source="measured on this run's n-ladder")
+    for z in (-6.0, -2.2, 0.5, 3.5):
+        a, b = z_call(z, -2.0, 2.0, "<", assumed), z_call(z, -2.0, 2.0, "<", steep)
+        assert a[0] == b[0], (z, a, b)
+    assert steep.n_to_clear(2.5, 2.0) != assumed.n_to_clear(2.5, 2.0)

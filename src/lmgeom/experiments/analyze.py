@@ -10,11 +10,12 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import pandas as pd
 
 from ..activations import extract
@@ -119,13 +120,20 @@ def _sweep(model, acts, texts, cfg: LayerSweepConfig, *, probes: bool, folds: in
 
 def _ladder(model, acts, texts, config: LayerSweepConfig, sizes, **kw) -> pd.DataFrame | None:
     """The sweep (and probes) again on nested seeded subsets of the texts, one per size in
-    ``sizes`` below n: the states sliced from ``acts``, no forward pass; k fitted per size."""
+    ``sizes`` below n: the states sliced from ``acts``, no forward pass; k fitted per size.
+    ``sizes`` may be the subsets themselves (``{n: positions in texts}``, as
+    :meth:`~.options.TextOptions.nested_picks` gives them)."""
 
-    sizes = sorted({int(m) for m in sizes if int(m) < len(texts)})
+    if isinstance(sizes, Mapping):
+        picks = {int(m): np.asarray(v, dtype=np.int64) for m, v in sizes.items()
+                 if int(m) < len(texts)}
+        sizes = sorted(picks)
+    else:
+        sizes = sorted({int(m) for m in sizes if int(m) < len(texts)})
+        picks = nested_sample_indices(len(texts), sizes, labels=getattr(texts, "labels", None),
+                                      seed=config.seed) if sizes else {}
     if not sizes:
         return None
-    picks = nested_sample_indices(len(texts), sizes, labels=getattr(texts, "labels", None),
-                                  seed=config.seed)
     frames = []
     for m in sizes:
         sub = texts.subset(picks[m])
@@ -300,6 +308,10 @@ class AnalyzeConfig:
         # k against n before any model loads: an explicit k that cannot fit stops here
         fit_k(self.layers.k, n=sweep_rows(len(texts), self.layers.pooling), ccr=self.layers.ccr)
         probes = texts.labels is not None and self.probes
+        # the ladder's subsets, decided here where the texts' options are known (with
+        # ``within``: the texts each smaller n loads on its own)
+        ladder = (self.texts.nested_picks(texts, self.ladder, seed=self.layers.seed)
+                  if self.ladder else ())
         local = self.engine.engine == "local"
         # in this process a failure is raised as it is, at once (no retries)
         engine = make_engine(replace(self.engine, retries=0) if local else self.engine)
@@ -308,7 +320,7 @@ class AnalyzeConfig:
                    "folds": self.folds, "revision": self.model.revision or "",
                    "work_dir": str(Path(work_dir)) if work_dir else None,
                    "progress": progress if local else False,
-                   "log_samples": self.log_samples, "ladder": tuple(self.ladder)})
+                   "log_samples": self.log_samples, "ladder": ladder})
                  for spec in self.models]
         frames, infos, samples, ladders = [], [], [], []
         for spec, oc in zip(self.models, engine.map(analyze_model, calls,

@@ -8,7 +8,7 @@ and its ``metadata["cli"]`` what else the command line needs
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 DEFAULT_TEXTS = "builtin:domains"
@@ -54,6 +54,12 @@ class TextOptions:
         split: for .txt: 'paragraphs' splits on blank lines.
         text_column: text column of a jsonl/csv/parquet file.
         label_column: label column of a jsonl/csv/parquet file.
+        within: draw the ``n`` texts as the nested seeded subset
+            (:func:`~lmgeom.texts.nested_sample_indices`) of the seeded sample of ``within``
+            texts, so that every n up to ``within`` shares its texts with the smaller n of an
+            n-ladder (``claims`` sets it to the reference n, 256: ``claims --n 64`` decides on
+            the texts of the n = 64 rung of ``--n-ladder 64,128,256``). ``None``: a plain
+            seeded sample of ``n``.
     """
 
     spec: str = field(default=DEFAULT_TEXTS, metadata={"cli": {"flag": "--texts",
@@ -63,12 +69,55 @@ class TextOptions:
     split: str | None = None
     text_column: str | None = None
     label_column: str | None = None
+    within: int | None = field(default=None, metadata={"cli": {"cli": False}})
+
+    def _nested(self) -> bool:
+        return self.within is not None and self.n is not None and self.n < self.within
 
     def load(self, spec: str | None = None):
         from ..texts import load_texts  # numpy: kept off ``lmgeom --help``
 
-        return load_texts(spec or self.spec, limit=self.n, seed=self.seed, split=self.split,
-                          text_column=self.text_column, label_column=self.label_column)
+        ts = load_texts(spec or self.spec, limit=self.within if self._nested() else self.n,
+                        seed=self.seed, split=self.split, text_column=self.text_column,
+                        label_column=self.label_column)
+        if not self._nested() or self.n >= len(ts):
+            return ts
+        return self._nested_subset(ts, self.n)
+
+    def _nested_subset(self, reference, n: int):
+        from ..texts import nested_sample_indices
+
+        idx = nested_sample_indices(len(reference), [n], labels=reference.labels,
+                                    seed=self.seed)[n]
+        return replace(reference.subset(idx),
+                       source=f"{reference.source} [nested {n}, seed {self.seed}]")
+
+    def nested_picks(self, texts, sizes, *, seed: int | None = None) -> dict[int, Any]:
+        """Positions in ``texts`` (what :meth:`load` returned) of each smaller n of a ladder:
+        nested seeded subsets, the smaller inside the larger. With ``within`` they are the
+        nested subsets of the reference sample of ``within`` texts, i.e. the very texts a run
+        with ``n`` = that size loads (:meth:`load`), so an n decides alike as a rung or on its
+        own; without, nested subsets of ``texts`` (``seed``: default this one's)."""
+        import numpy as np
+
+        from ..texts import load_texts, nested_sample_indices
+
+        sizes = sorted({int(m) for m in sizes if int(m) < len(texts)})
+        if not sizes:
+            return {}
+        if self.within is not None and self.n is not None:
+            ref = load_texts(self.spec, limit=self.within, seed=self.seed, split=self.split,
+                             text_column=self.text_column, label_column=self.label_column)
+            where = {t: i for i, t in enumerate(ref.ids)}
+            mine = np.array([where.get(t, -1) for t in texts.ids], dtype=np.int64)
+            nested = nested_sample_indices(len(ref), [*sizes, len(texts)], labels=ref.labels,
+                                           seed=self.seed)
+            top = nested[len(texts)]
+            if len(where) == len(ref) and np.array_equal(mine, top):
+                return {m: np.searchsorted(mine, nested[m]) for m in sizes}
+        seed = self.seed if seed is None else seed
+        return nested_sample_indices(len(texts), sizes, labels=getattr(texts, "labels", None),
+                                     seed=seed)
 
 
 __all__ = ["DEFAULT_TEXTS", "ModelOptions", "TextOptions"]

@@ -28,8 +28,10 @@ the band does not contain) shrinks as ``1/sqrt(n)``. So a decision needs (1) z c
 band and of the 95 % sampling error combined (else: underpowered, with the n at which it would
 be) and (2) an n at which an effect of the papers' size, :data:`REFERENCE_Z` at
 :data:`REFERENCE_N` texts, would be decided (else the noise hides exactly what the claim is
-about, whatever z came out). ``a`` is :data:`DEFAULT_Z_GROWTH` unless the caller passes a
-:class:`Power` measured for the model (an n-ladder: the rules take ``powers``).
+about, whatever z came out). The decision (2) always uses ``a`` = :data:`DEFAULT_Z_GROWTH`,
+so a verdict at n depends only on the texts at n and this rule: ``claims --n 64`` and the
+n = 64 rung of ``--n-ladder 64,128,256`` decide alike. A :class:`Power` measured for the model
+(an n-ladder: the rules take ``powers``) only says at which n the decision would be made.
 """
 
 from __future__ import annotations
@@ -227,8 +229,11 @@ class Power:
         return float(math.ceil(hi))
 
     def reference_visible(self, half_width: float) -> bool:
-        """Whether an effect of the papers' size would be decided at this n."""
-        return (REFERENCE_Z * (self.n / REFERENCE_N) ** self.growth
+        """Whether an effect of the papers' size would be decided at this n, with the assumed
+        growth :data:`DEFAULT_Z_GROWTH` whatever this power measured: the verdict at n must
+        not depend on whether other n were measured in the same run (a ladder's measured
+        growth only says at which n a decision would be made)."""
+        return (REFERENCE_Z * (self.n / REFERENCE_N) ** DEFAULT_Z_GROWTH
                 > self.decision_half_width(half_width))
 
     def describe(self) -> str:
@@ -256,7 +261,7 @@ def z_call(z: float, lo: float, hi: float, direction: str, power: Power | None
         need = Power(REFERENCE_N, power.growth, power.source,
                      power.sampling_c).n_to_clear(REFERENCE_Z, half)
         nums["n_needed"] = need
-        here = REFERENCE_Z * (power.n / REFERENCE_N) ** power.growth
+        here = REFERENCE_Z * (power.n / REFERENCE_N) ** DEFAULT_Z_GROWTH
         note = (f"n={power.n} cannot resolve an effect of the papers' size: |z| ≈ "
                 f"{REFERENCE_Z:g} at n={REFERENCE_N} is ≈ {here:.2f} here, inside ±{total:.2f} "
                 f"(null band ±{half:.2f} with the text-sampling error); needs n ≥ "

@@ -25,7 +25,7 @@ import pandas as pd
 
 from ..._paths import cache_dir
 from ...errors import ConfigError
-from ...metrics.claims import ClaimVerdict, ModelInfo, Power, mark_unstable
+from ...metrics.claims import REFERENCE_N, ClaimVerdict, ModelInfo, Power, mark_unstable
 from ...metrics.claims_profile import ladder_powers
 from ...metrics.sample_size import warn_low_sample
 from ...models.bundled import BUNDLED
@@ -123,7 +123,9 @@ class ClaimsConfig:
     Attributes:
         models: model specs (default: every installed bundled model).
         texts: the texts of the PGA claims (labelled, for the probes of P8); their ``n`` and
-            seed also go to the dispersion claims.
+            seed also go to the dispersion claims. Every n is drawn as the nested subset of
+            the seeded sample of max(256, n) texts (``within``), so ``--n 64`` decides on the
+            texts of the n = 64 rung of ``--n-ladder 64,128,256``, and reaches its verdict.
         model: how the models load (dtype, device ...).
         layers: the layer sweep behind P1-P5 and P8 (CCR levels 0,1,5,10 by default).
         folds: CV folds of the linear probes (P8).
@@ -162,6 +164,9 @@ class ClaimsConfig:
                               "train --out DIR`)")
         if self.texts.n is None:
             raise ConfigError("claims need a number of texts (--n)")
+        if self.texts.within is None:  # every n <= 256 on the texts of the 256's ladder rung
+            object.__setattr__(self, "texts", replace(self.texts,
+                                                      within=max(REFERENCE_N, self.texts.n)))
         fit_k(self.layers.k, n=self.texts.n, ccr=self.layers.ccr)  # before the run folder
         if self.ladder:
             rungs = parse_ladder(self.ladder)
@@ -174,7 +179,7 @@ class ClaimsConfig:
 
     def settings(self) -> dict[str, Any]:
         return {"models": list(self.models), "texts": self.texts.spec, "n": self.texts.n,
-                "seed": self.texts.seed, "dtype": self.model.dtype,
+                "seed": self.texts.seed, "texts_within": self.texts.within, "dtype": self.model.dtype,
                 "sweep": config_dict(self.layers), "folds": self.folds,
                 "suite": str(Path(self.suite).resolve()) if self.suite else None,
                 "only": list(self.only) if self.only else None,

@@ -31,7 +31,6 @@ from ...errors import ConfigError
 from ...metrics import claims_pga as R
 from ...metrics.claims import ClaimVerdict, ModelInfo, Power, not_testable
 from ...results import table
-from ...texts import nested_sample_indices
 from ..analyze import AnalyzeConfig
 from ..convergence import ConvergeConfig, converge_pair
 from ..layer_sweep import LayerSweepConfig, model_basis
@@ -151,8 +150,7 @@ def _converge(models: Sequence[str], texts: TextOptions, options: ModelOptions,
     subsets the layer sweep's ladder used (second table, column ``n_texts``)."""
 
     ts = texts.load()
-    picks = nested_sample_indices(len(ts), rungs, labels=ts.labels,
-                                  seed=layers.seed) if rungs else {}
+    picks = texts.nested_picks(ts, rungs, seed=layers.seed) if rungs else {}
     loaded = []
     for spec in models:
         m = options.load(spec)
@@ -239,5 +237,12 @@ def measure_pga_claims(models: Sequence[str], infos: Sequence[ModelInfo], *, n: 
     return pga_verdicts(meas, infos, seed=seed, only=only, suite=suite)
 
 
-__all__ = ["PGA_CLAIMS", "PgaMeasurements", "measure_pga", "measure_pga_claims", "sweep_cache",
-           "pga_verdicts", "wanted"]
+__all__ = [
+    "PGA_CLAIMS",
+    "PgaMeasurements",
+    "measure_pga",
+    "measure_pga_claims",
+    "pga_verdicts",
+    "sweep_cache",
+    "wanted",
+]
