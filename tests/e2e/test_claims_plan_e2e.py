@@ -55,7 +55,10 @@ def test_without_k_the_largest_that_fits_is_used_and_said_once(tmp_path):
     else:
         assert abs(p2.estimate) > 4.0, p2.reason
     layers = pd.read_parquet(out / "layers.parquet")
-    assert (layers[layers.metric == "pga_z"].flag.fillna("") == "").all()
+    z = layers[layers.metric == "pga_z"]
+    # the fitted k fits the texts: the only flag left is at the embeddings (layer 0), where
+    # two texts ending in the same token are one point (15 distinct states of 16)
+    assert set(z[z.flag.fillna("") != ""].layer.astype(str)) <= {"0"}
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from lmgeom.metrics import claims_pga as R
 from lmgeom.metrics import claims_profile as P
 from lmgeom.metrics.claims import (
     CONTRADICTED,
+    DEFAULT_Z_GROWTH,
     INCONCLUSIVE,
     NOT_TESTABLE,
     REFERENCE_N,
@@ -96,17 +97,20 @@ def test_the_text_sampling_error_widens_what_must_be_cleared():
 
 
 def test_z_call_refuses_a_decision_the_band_would_hide_at_this_n():
-    # with |z| ∝ n: at n = 32 an effect of the papers' size (|z| 10 at n = 256) is about
-    # 1.25, inside ±2, so even a z far outside the band is no evidence at this n
-    p = Power(32, growth=1.0, sampling_c=0.0)
-    v, note, nums = z_call(-9.0, -2.0, 2.0, "<", p)
-    assert v == UNDERPOWERED
-    need = math.ceil(REFERENCE_N * 2.0 / REFERENCE_Z)
-    assert nums["n_needed"] == need and f"needs n ≥ {need}" in note
-    assert "papers' size" in note
+    # at n = 8 an effect of the papers' size (|z| 10 at n = 256, grown as n^0.2) is about 5.0,
+    # inside the null band with the text-sampling error (about ±6.1): even z = -9 is no
+    # evidence at this n
+    v, note, nums = z_call(-9.0, -2.0, 2.0, "<", Power(8))
+    assert v == UNDERPOWERED and "papers' size" in note
+    need = nums["n_needed"]
+    assert 8 < need < 64 and f"needs n ≥ {need:.0f}" in note
     # the smallest resolvable effect, as the |z| it would have at the reference n
-    assert nums["min_effect_z"] == pytest.approx(2.0 * REFERENCE_N / 32)
-    assert z_call(-9.0, -2.0, 2.0, "<", Power(need, growth=1.0, sampling_c=0.0))[0] == SUPPORTED
+    assert nums["min_effect_z"] == pytest.approx(
+        nums["decision_half_width"] * (REFERENCE_N / 8) ** DEFAULT_Z_GROWTH)
+    # a growth measured on a ladder moves the needed n, never the verdict at this n
+    v2, _, nums2 = z_call(-9.0, -2.0, 2.0, "<", Power(8, growth=1.0, source="measured"))
+    assert v2 == UNDERPOWERED and nums2["n_needed"] != need
+    assert z_call(-9.0, -2.0, 2.0, "<", Power(math.ceil(need)))[0] == SUPPORTED
 
 
 def test_without_a_power_the_interval_rule_alone():

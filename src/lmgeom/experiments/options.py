@@ -93,10 +93,10 @@ class TextOptions:
                        source=f"{reference.source} [nested {n}, seed {self.seed}]")
 
     def nested_picks(self, texts, sizes, *, seed: int | None = None) -> dict[int, Any]:
-        """Positions in ``texts`` (what :meth:`load` returned) of each smaller n of a ladder:
+        """Positions in ``texts`` (what ``load()`` returned) of each smaller n of a ladder:
         nested seeded subsets, the smaller inside the larger. With ``within`` they are the
         nested subsets of the reference sample of ``within`` texts, i.e. the very texts a run
-        with ``n`` = that size loads (:meth:`load`), so an n decides alike as a rung or on its
+        with ``n`` = that size loads (``load()``), so an n decides alike as a rung or on its
         own; without, nested subsets of ``texts`` (``seed``: default this one's)."""
         import numpy as np
 
