@@ -5,8 +5,8 @@ Every function is compiled with ``cache=True``, and the ones that call each othe
 module-level functions that find each other as module globals. numba keys a cached function by
 its bytecode *and the pickled contents of its closure cells*, and a compiled function in a
 closure cell pickles with a fresh uuid in every process: when these were nested functions that
-called each other, every ``lmgeom`` process compiled them again (about 10 s each; the cache
-folder grew by one entry per process). Only the radix passes stay closures: their cells hold
+called each other, every ``lmgeom`` process compiled them again (a few seconds per process;
+13-14 s from an empty cache; the cache folder grew by one entry per process). Only the radix passes stay closures: their cells hold
 their digit's shift and mask, plain ints that pickle the same in every process.
 """
 
