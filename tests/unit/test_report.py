@@ -191,3 +191,20 @@ def test_the_pga_table_has_a_how_to_read_box(tmp_path):
         assert words in box
     other = frame([row(model="m", layer="", metric="dispersion", value=0.4)])
     assert "how-to-read-z" not in write_report(tmp_path / "b", other, {}).read_text()
+
+
+def test_each_claim_row_names_the_paper_it_tests():
+    """Every row of the claims report's verdict table cites its paper (P: Xu 2026, D: Li et
+    al. 2025), as plain text: the report links nowhere outside (issue 49)."""
+    import pandas as pd
+
+    from lmgeom.report.claims import verdict_table
+
+    df = pd.DataFrame([{"claim": c, "statement": "s", "verdict": "supported", "direction": ">",
+                        "threshold": 0.0, "models": "m", "quantity": "q", "estimate": 1.0,
+                        "ci_low": 0.5, "ci_high": 1.5, "reason": "r"}
+                       for c in ("P2", "P2.zone", "D1.token")])
+    page = verdict_table(df)
+    rows = page.split("<tbody>", 1)[1].split("</tr>")[:3]
+    assert "arXiv:2605.17084" in rows[0] and "arXiv:2605.17084" in rows[1]
+    assert "arXiv:2506.24106" in rows[2] and "://" not in page

@@ -116,6 +116,16 @@ def _img(png: Path) -> str:
             f'<a href="{esc(PLOTS_DIR)}/{esc(png.name)}">PNG</a></p>')
 
 
+#: the paper each claim tests, by the claim id's letter (plain text: the page links nowhere)
+PAPERS = {"P": "Xu (2026), arXiv:2605.17084",
+          "D": "Li, Li, Livescu, Zhou (2025), arXiv:2506.24106"}
+
+
+def paper_of(claim: str) -> str:
+    """The paper a claim id (``P2``, ``D1.token`` ...) tests, as a short citation."""
+    return PAPERS.get(str(claim)[:1], "")
+
+
 def verdict_table(df: pd.DataFrame) -> str:
     """The verdict table (HTML): claim, statement, verdict, models, quantity with its CI,
     threshold, reason."""
@@ -128,7 +138,8 @@ def verdict_table(df: pd.DataFrame) -> str:
         thr = f"{r['direction']} {fmt(r['threshold'])}" if fmt(r["threshold"]) else ""
         body.append(
             f'<tr data-claim="{esc(r["claim"])}" data-verdict="{esc(v)}">'
-            f"<td>{esc(r['claim'])}</td><td>{esc(r['statement'])}</td>"
+            f"<td>{esc(r['claim'])}<br><small>{esc(paper_of(r['claim']))}</small></td>"
+            f"<td>{esc(r['statement'])}</td>"
             f'<td class="v" style="color:{_COLOURS.get(v, "#222")}">{esc(v)}</td>'
             f"<td>{esc(r['models'])}</td><td>{esc(r['quantity'])}</td>"
             f'<td class="num">{esc(interval(r))}</td><td class="num">{esc(thr)}</td>'
