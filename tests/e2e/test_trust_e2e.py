@@ -233,3 +233,31 @@ def test_a_flagged_run_carries_its_flag_on_every_surface(tiny_path, tmp_path, ca
     assert "LOW SAMPLE" not in printed and FLAG_MARK + " " not in printed
     assert json.loads((clean / "manifest.json").read_text())["flags"] == {}
     assert 'class="flag"' not in (clean / "report.html").read_text()
+
+
+def test_a_flagged_hardness_run_carries_its_flag_on_every_surface(tiny_path, tmp_path, capsys):
+    """hardness on 8 texts: its Spearman (over < 10 texts: few_points) and its decile overlap
+    (a quantile of 1 text: small_quantile) carry the flag in the printed lines (mark + footer),
+    the tidy table, the manifest and the report (mark + legend in the model-level table)."""
+    import pandas as pd
+
+    from lmgeom.results.console import FLAG_MARK
+
+    few = tmp_path / "few.txt"
+    few.write_text("\n".join(f"{CORPUS[i % len(CORPUS)].replace(chr(10), ' ')} item {i}"
+                             for i in range(8)) + "\n")
+    out = tmp_path / "hard"
+    assert main(["hardness", "--model", tiny_path, "--texts", str(few), "--quiet",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"{FLAG_MARK} Spearman(dispersion, perplexity)" in printed and "[few_points]" in printed
+    assert f"{FLAG_MARK} LOW SAMPLE in the lines marked" in printed and "small_quantile" in printed
+    df = pd.read_parquet(out / "hardness.parquet")  # the tidy table (the csv is the ranking)
+    flags = dict(zip(df.metric, df.flag))
+    assert flags["hardness_spearman"] == "few_points"
+    assert flags["hardness_decile_overlap"] == "small_quantile"
+    man = json.loads((out / "manifest.json").read_text())["flags"]
+    assert "hardness_spearman" in man["few_points"]["metrics"]
+    html = (out / "report.html").read_text()
+    table = html.split('id="table-model-level"', 1)[1].split("</table>", 1)[0]
+    assert 'class="flag"' in table and "LOW SAMPLE in the cells marked" in html

@@ -363,6 +363,8 @@ def layer_table(
 
 
 def _model_level_table(df: pd.DataFrame) -> str:
+    """Model-level rows (correlations, overlaps, perplexities ...): a value computed under a
+    flag carries the mark and the legend, as in the per-layer tables."""
     ml = df.loc[df["layer_index"] < 0]
     if ml.empty:
         return ""
@@ -370,16 +372,26 @@ def _model_level_table(df: pd.DataFrame) -> str:
     out = ['<div class="scroll"><table class="results" id="table-model-level">',
            "<thead><tr>" + "".join(f'<th scope="col">{esc(h)}</th>' for h in head) + "</tr></thead>",
            "<tbody>"]
+    flags_seen: list[str] = []
     for r in ml.itertuples(index=False):
         ci = (f"[{R.fmt_num(r.ci_low)}, {R.fmt_num(r.ci_high)}]"
               if np.isfinite(r.ci_low) and np.isfinite(r.ci_high) else "")
         n = R.fmt_num(r.n) if np.isfinite(r.n) else ""
-        vals = [P.run_label(r.model, r.revision), r.metric, P.setting_label(r.setting),
-                R.fmt_num(r.value), ci, n]
-        out.append("<tr>" + "".join(
-            f'<td class="{"num" if i >= 3 else ""}">{esc(v)}</td>' for i, v in enumerate(vals)
-        ) + "</tr>")
+        flag = str(getattr(r, "flag", "") or "")
+        cells = [esc(v) for v in (P.run_label(r.model, r.revision), r.metric,
+                                  P.setting_label(r.setting), R.fmt_num(r.value), ci, n)]
+        klass = ["", "", "", "num", "num", "num"]
+        if flag:
+            flags_seen.extend(flag.split(";"))
+            klass[3] += " flagged"
+            cells[3] += (f' <abbr class="flag" title="LOW SAMPLE: {esc(flag)}">'
+                         f"{FLAG_MARK}</abbr>")
+        out.append("<tr>" + "".join(f'<td class="{k}">{c}</td>' for k, c in zip(klass, cells))
+                   + "</tr>")
     out.append("</tbody></table></div>")
+    legend = flag_footer(flags_seen, describe_flag, "in the cells marked")
+    if legend:
+        out.append(f'<p class="flag-legend">{esc(legend)}</p>')
     return "\n".join(out)
 
 
