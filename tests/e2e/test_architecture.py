@@ -41,6 +41,16 @@ LAYERS: tuple[frozenset[str], ...] = (
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 
+
+def _from_target(node: ast.ImportFrom, mod: str, is_pkg: bool) -> str:
+    """The absolute module a ``from ... import`` in module ``mod`` names (relative levels
+    resolved; ``is_pkg``: ``mod`` is a package's ``__init__``)."""
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -60,12 +70,7 @@ def _imports(path: Path, source: str | None = None) -> list[tuple[str, str | Non
         if isinstance(node, ast.Import):
             out += [(a.name, None, node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(node, mod, is_pkg)
             for a in node.names:
                 # ``from . import x`` may name a submodule: record it as the module itself
                 sub = f"{target}.{a.name}"
@@ -603,12 +608,7 @@ def _reexports(root: Path = SRC) -> list[str]:
         for node in ast.walk(tree):
             if not isinstance(node, ast.ImportFrom):
                 continue
-            if node.level:
-                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(node, mod, is_pkg)
             if target not in mods or mods[target].name == "__init__.py":
                 continue
             if target not in defined:
