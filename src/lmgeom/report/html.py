@@ -290,6 +290,11 @@ def _header_label(metric: str, setting: str) -> str:
     return f"{name} {P.setting_label(setting)}".strip()
 
 
+def _flag_mark(flag: str) -> str:
+    """The mark after a value computed under ``flag`` (its codes in the tooltip)."""
+    return f' <abbr class="flag" title="LOW SAMPLE: {esc(flag)}">{FLAG_MARK}</abbr>'
+
+
 def layer_table(
     df: pd.DataFrame,
     metrics: Sequence[str],
@@ -351,8 +356,7 @@ def layer_table(
                 if flag:
                     flags_seen.extend(flag.split(";"))
                     klass += " flagged"
-                    text += (f' <abbr class="flag" title="LOW SAMPLE: {esc(flag)}">'
-                             f"{FLAG_MARK}</abbr>")
+                    text += _flag_mark(flag)
                 tds.append(f'<td class="{klass}">{text}</td>')
             out.append(tr + "".join(tds) + "</tr>")
     out.append("</tbody></table></div>")
@@ -384,8 +388,7 @@ def _model_level_table(df: pd.DataFrame) -> str:
         if flag:
             flags_seen.extend(flag.split(";"))
             klass[3] += " flagged"
-            cells[3] += (f' <abbr class="flag" title="LOW SAMPLE: {esc(flag)}">'
-                         f"{FLAG_MARK}</abbr>")
+            cells[3] += _flag_mark(flag)
         out.append("<tr>" + "".join(f'<td class="{k}">{c}</td>' for k, c in zip(klass, cells))
                    + "</tr>")
     out.append("</tbody></table></div>")
